@@ -1,0 +1,34 @@
+"""slotkit: throttling scopes for Scrapy's downloader.
+
+Switch it on with ``DOWNLOADER = "slotkit.Downloader"``.
+"""
+
+from __future__ import annotations
+
+from slotkit.downloader import Downloader
+from slotkit.gate import GateClosedError
+from slotkit.manager import (
+    ScopeBackoff,
+    ThrottlingManager,
+    add_scope,
+    scope_cache,
+    update_scope_backoff,
+)
+from slotkit.scope import ThrottlingScopeManager
+from slotkit.settings import ScopeConfig, SettingsError, ThrottlingSettings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Downloader",
+    "GateClosedError",
+    "ScopeBackoff",
+    "ScopeConfig",
+    "SettingsError",
+    "ThrottlingManager",
+    "ThrottlingScopeManager",
+    "ThrottlingSettings",
+    "add_scope",
+    "scope_cache",
+    "update_scope_backoff",
+]

@@ -1,0 +1,314 @@
+"""``slotkit.Downloader``: Scrapy's downloader with scopes instead of slots.
+
+Drop-in for ``scrapy.core.downloader.Downloader``: the engine's calls
+(``fetch``, ``needs_backout``, ``active``, ``close``), ``middleware``,
+``handlers``, the three downloader signals in the same order, and a
+``slots`` view are all kept. Only the waiting changed: a request passes the
+:class:`~slotkit.gate.Gate` once every one of its scopes allows it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
+
+from scrapy import signals
+from scrapy.core.downloader.handlers import DownloadHandlers
+from scrapy.core.downloader.middleware import DownloaderMiddlewareManager
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler
+from twisted.internet.defer import Deferred
+
+from slotkit.clock import default_clock
+from slotkit.feedback import Feedback
+from slotkit.gate import Gate, Waiter
+from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT, build_manager, normalize_scopes, scope_kind
+from slotkit.registry import Scope, ScopeRegistry
+from slotkit.resend import Resender
+from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
+from slotkit.settings import DOMAIN, ThrottlingSettings
+from slotkit.slots import SlotsView, SlotView
+from slotkit.stats import ThrottlingStats
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from twisted.internet.interfaces import IReactorTime
+
+    from slotkit.backoff import BackoffConfig
+
+logger = logging.getLogger("slotkit")
+
+__all__ = ["Downloader"]
+
+
+class Downloader:
+    """The Scrapy ``DOWNLOADER`` that throttles by scopes."""
+
+    DOWNLOAD_SLOT = DOWNLOAD_SLOT
+
+    def __init__(self, crawler: Crawler, clock: IReactorTime | None = None) -> None:
+        self.crawler = crawler
+        self.settings = crawler.settings
+        self.signals = crawler.signals
+        # 1. Validate everything first: a bad setting must fail before any I/O is set up.
+        self.config = ThrottlingSettings.from_settings(crawler.settings)
+        check_scope_manager_class("THROTTLING_SCOPE_MANAGER", self.config.scope_manager)
+        for scope_id, entry in self.config.scopes.items():
+            if "manager" in entry:
+                check_scope_manager_class(f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"])
+        self.manager = build_manager(crawler, self.config.manager)
+        if hasattr(self.manager, "attach"):
+            self.manager.attach(self)
+        crawler.throttler = self.manager  # type: ignore[attr-defined]
+        # 2. Then the Scrapy parts, as the stock downloader builds them.
+        self._clock = clock if clock is not None else default_clock()
+        self.active: set[Request] = set()
+        self.handlers = DownloadHandlers(crawler)
+        self.middleware = build_from_crawler(DownloaderMiddlewareManager, crawler)
+        self.total_concurrency = self.config.total_concurrency
+        self.domain_concurrency = self.config.domain_concurrency
+        self.ip_concurrency = self.config.ip_concurrency
+        self._default_delay: float | None = None
+        self._kind_hints: dict[str, str] = dict.fromkeys(self.config.slots, DOMAIN)
+        self.stats = ThrottlingStats(crawler.stats, self.config.warn_threshold)
+        self.gate = Gate(self._clock, on_dispatch=self._dispatched)
+        self.registry = ScopeRegistry(
+            self._new_scope,
+            self._clock,
+            limit=self.config.scope_limit,
+            max_idle=self.config.scope_max_idle,
+            on_evict=self._evicted,
+        )
+        self.slots = SlotsView(self.registry, self.gate)
+        self.backoff = Feedback(self.config, self.registry, self.gate, self._clock, self.stats)
+        self.resender = Resender(
+            self._clock,
+            self.stats,
+            enabled=self.config.resend,
+            timeout=self.config.resend_timeout,
+            retry_enabled=self.settings.getbool("RETRY_ENABLED", True),
+        )
+        self._scope_ids: WeakKeyDictionary[Request, list[str]] = WeakKeyDictionary()
+        self._get_scopes = self.manager.get_scopes
+        self._sync_scopes = not inspect.iscoroutinefunction(self._get_scopes)
+
+    # The default delay of new scopes; AutoThrottle writes it (AUTOTHROTTLE_START_DELAY).
+
+    @property
+    def _delay(self) -> float:
+        return self.config.delay if self._default_delay is None else self._default_delay
+
+    @_delay.setter
+    def _delay(self, value: float) -> None:
+        self._default_delay = float(value)
+
+    # Engine API
+
+    def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Response | Request]:
+        """Download *request* through the middlewares and the gate; fires exactly once."""
+        self.active.add(request)
+        dfd: Deferred[Response | Request] = deferred_from_coro(
+            self.middleware.download_async(self._download, request)
+        )
+
+        def _left(result: Any) -> Any:
+            self.active.discard(request)
+            return result
+
+        return dfd.addBoth(_left)
+
+    def needs_backout(self) -> bool:
+        """True when ``CONCURRENT_REQUESTS`` requests are already in the downloader (0: no cap)."""
+        return 0 < self.total_concurrency <= len(self.active)
+
+    def close(self) -> None:
+        """Fail what still waits at the gate and cancel every timer."""
+        self.gate.close(list(self.registry.values()))
+        self.stats.set("scopes_alive", len(self.registry))
+
+    # Slot compatibility
+
+    def get_slot_key(self, request: Request) -> str:
+        """The primary scope of *request*, as Scrapy's ``download_slot`` key."""
+        if self._sync_scopes:
+            try:
+                scopes = normalize_scopes(self._get_scopes(request))
+            except Exception:
+                scopes = {}
+            if scopes:
+                return next(iter(scopes))
+        meta = request.meta
+        slot = meta.get(DOWNLOAD_SLOT)
+        if slot is not None and slot != meta.get(AUTO_SLOT):
+            return str(slot)
+        return urlparse_cached(request).hostname or ""
+
+    def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, SlotView]:
+        key = self.get_slot_key(request)
+        return key, SlotView(self.registry.get(key), self.gate)
+
+    # Scopes
+
+    def _new_scope(self, scope_id: str) -> Scope:
+        kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
+        config = self.config.scope_config(scope_id, kind)
+        if self._default_delay is not None and config.sources.get("delay") == "default":
+            config = type(config)(**{**_fields(config), "delay": self._default_delay})
+        manager = create_scope_manager(self.crawler, config)
+        if self.config.debug:
+            logger.debug("slotkit: new scope %r (%s): %r", scope_id, kind, manager)
+        return Scope(scope_id, manager, kind)
+
+    def _evicted(self, scope: Scope) -> None:
+        self.stats.inc("scopes_evicted")
+
+    def hold_scope(self, scope_id: str, seconds: float) -> None:
+        """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped."""
+        scope = self.registry.get(scope_id)
+        now = self._clock.seconds()
+        scope.manager.record_backoff(seconds, now)
+        scope.step_started_at = now
+        self.stats.inc("backoff/triggers/delay_scope")
+        self.gate.poke(scope)
+
+    async def _scopes_of(self, request: Request) -> dict[str, float | None]:
+        raw = self._get_scopes(request)
+        if inspect.isawaitable(raw):
+            raw = await (maybe_deferred_to_future(raw) if isinstance(raw, Deferred) else raw)
+        scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
+        meta = request.meta
+        slot = meta.get(DOWNLOAD_SLOT)
+        if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
+            self._kind_hints.setdefault(str(slot), DOMAIN)
+        return scopes
+
+    # The path of one request
+
+    async def _download(self, request: Request) -> Response:
+        """The download function given to the middlewares.
+
+        1. Find the request's scopes. 2. Wait at the gate until all allow it.
+        3. Download. 4. Feed the outcome back to the scopes (backoff, hints).
+        5. If the response was a rate-limit signal, send the request again
+           after the backoff instead of handing the response on (see
+           :mod:`slotkit.resend`). The signals match the stock downloader's:
+           reached once, downloaded per transfer, left once.
+        """
+        scopes_amounts = await self._scopes_of(request)
+        scopes = [self.registry.get(scope_id) for scope_id in scopes_amounts]
+        amounts = list(scopes_amounts.values())
+        meta = request.meta
+        if scopes and meta.get(DOWNLOAD_SLOT, meta.get(AUTO_SLOT)) == meta.get(AUTO_SLOT):
+            meta[DOWNLOAD_SLOT] = meta[AUTO_SLOT] = scopes[0].id
+        self._scope_ids[request] = [scope.id for scope in scopes]
+        self.signals.send_catch_log(
+            signal=signals.request_reached_downloader, request=request, spider=self.crawler.spider
+        )
+        started = self._clock.seconds()
+        delay = _request_delay(request)
+        try:
+            while True:
+                ticket = await self._acquire(request, scopes, amounts, delay)
+                delay = 0.0
+                response, signal = await self._transfer(request, ticket)
+                if not signal:
+                    self.resender.recovered(scopes)
+                    return response
+                if not self.resender.should_resend(request, response, scopes, started):
+                    return response
+        finally:
+            self.signals.send_catch_log(
+                signal=signals.request_left_downloader, request=request, spider=self.crawler.spider
+            )
+
+    async def _acquire(
+        self, request: Request, scopes: list[Scope], amounts: list[float | None], delay: float
+    ) -> Waiter:
+        ticket = None if delay else self.gate.try_acquire(request, scopes, amounts)
+        if ticket is not None:
+            return ticket
+        entered = self._clock.seconds()
+        waiting = self.gate.acquire(request, scopes, amounts, request.priority, delay)
+        self.stats.waiting(len(self.gate.waiting))
+        if self.config.debug:
+            logger.debug("slotkit: %s waits for %s", request, [repr(s) for s in scopes])
+        ticket = await maybe_deferred_to_future(waiting)
+        self.stats.waited(self._clock.seconds() - entered)
+        return ticket
+
+    async def _transfer(self, request: Request, ticket: Waiter) -> tuple[Response, bool]:
+        """One transfer; returns the response and whether it was a rate-limit signal.
+
+        The outcome is applied to the scopes *before* the ticket is released,
+        so no waiter slips through between the release and the backoff.
+        """
+        try:
+            try:
+                response: Response = await self.handlers.download_request_async(request)
+            except Exception as exc:
+                backoff = await _resolved(self.manager.get_exception_backoff(request, exc))
+                self.backoff.apply(ticket, backoff, reason=type(exc).__name__)
+                raise
+            self.signals.send_catch_log(
+                signal=signals.response_downloaded,
+                response=response,
+                request=request,
+                spider=self.crawler.spider,
+            )
+            with self.backoff.evaluating(request):
+                backoff = await _resolved(self.manager.get_response_backoff(response))
+            self.backoff.apply(ticket, backoff, reason=str(response.status))
+            return response, self.backoff.is_signal(response, backoff)
+        finally:
+            self.gate.release(ticket)
+
+    # What the throttling manager asks of the downloader
+
+    def scope_ids(self, request: Request) -> list[str]:
+        """The scopes *request* went through on its last trip (empty if unknown)."""
+        return self._scope_ids.get(request, [])
+
+    def now(self) -> float:
+        """The crawl clock's current time (epoch seconds under a Twisted reactor)."""
+        return float(self._clock.seconds())
+
+    def backoff_config(self, scope_id: str) -> BackoffConfig:
+        """The backoff rules of *scope_id*."""
+        return self.config.backoff_config(scope_id)
+
+    def _dispatched(self, waiter: Waiter, now: float) -> None:
+        if self.config.debug:
+            logger.debug("slotkit: dispatch %s", waiter.request)
+
+
+async def _resolved(value: Any) -> Any:
+    """*value*, awaited if a user method returned a coroutine or a Deferred."""
+    if isinstance(value, Deferred):
+        return await maybe_deferred_to_future(value)
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _request_delay(request: Request) -> float:
+    """The ``throttling_delay`` meta of *request*, applied once per request."""
+    meta = request.meta
+    value = meta.get("throttling_delay")
+    if not value or meta.get("_slotkit_delayed"):
+        return 0.0
+    meta["_slotkit_delayed"] = True
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        logger.warning("Ignoring throttling_delay=%r of %s: not a number", value, request)
+        return 0.0
+
+
+def _fields(config: Any) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+

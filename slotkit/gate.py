@@ -1,0 +1,320 @@
+"""The gate: a request passes when every one of its scopes allows it.
+
+Waiting is a Deferred, like :class:`twisted.internet.defer.DeferredSemaphore`;
+nothing polls and nothing sleeps.
+
+How a waiter moves:
+
+1. On :meth:`Gate.acquire`, if no scope of the request has anyone waiting and
+   every scope's manager answers ``can_send() == 0``, it is dispatched at once.
+2. Otherwise the waiter is *parked* on the first scope that stops it, in a
+   heap ordered by request priority, then arrival (FIFO among equals).
+3. A scope is *pumped* when its timer fires or its state changes (a request
+   of it finished, its delay or concurrency changed, it was held). Pumping
+   looks at the head waiter: if this scope still says wait, the scope arms
+   its one timer (finite waits) or waits for the next state change
+   (``math.inf``) and stops. If another scope of the waiter says wait, the
+   waiter moves to that scope's heap, keeping its place in the order. If all
+   allow, it is dispatched: ``record_sent`` on every scope, then its
+   Deferred fires.
+
+Each scope owns at most one pending ``IDelayedCall``. Deferreds fire only
+after the scope's bookkeeping is consistent, and re-entrant pumps (a
+callback that finishes a download synchronously) are queued, not nested.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+    from slotkit.registry import Scope
+
+__all__ = ["Gate", "GateClosedError", "Waiter"]
+
+
+class GateClosedError(Exception):
+    """The downloader closed while a request still waited for its scopes."""
+
+
+class Waiter:
+    """A request at the gate; once dispatched it is also the ticket to release."""
+
+    __slots__ = (
+        "request",
+        "scopes",
+        "amounts",
+        "key",
+        "deferred",
+        "parked_on",
+        "cancelled",
+        "dispatched",
+        "delay_call",
+        "enqueued_at",
+        "sent_at",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        scopes: Sequence[Scope],
+        amounts: Sequence[float | None],
+        key: tuple[int, int],
+    ) -> None:
+        self.request = request
+        self.scopes = scopes
+        self.amounts = amounts
+        self.key = key
+        self.deferred: Deferred[Waiter] | None = None
+        self.parked_on: Scope | None = None
+        self.cancelled = False
+        self.dispatched = False
+        self.delay_call: IDelayedCall | None = None
+        self.enqueued_at = 0.0
+        #: When the request was dispatched (valid once ``dispatched``).
+        self.sent_at = 0.0
+
+    def __lt__(self, other: Waiter) -> bool:  # heap ties never reach here; keys are unique
+        return self.key < other.key
+
+
+class Gate:
+    """Admits requests through several scopes at once."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        on_dispatch: Callable[[Waiter, float], Any] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._seq = itertools.count()
+        self._pending: deque[Scope] = deque()
+        self._queued: set[str] = set()
+        self._draining = False
+        self._closed = False
+        self._on_dispatch = on_dispatch
+        #: Waiters not yet dispatched (parked or held by a per-request delay).
+        self.waiting: set[Waiter] = set()
+
+    # Entering
+
+    def try_acquire(
+        self,
+        request: Request,
+        scopes: Sequence[Scope],
+        amounts: Sequence[float | None],
+    ) -> Waiter | None:
+        """Dispatch at once if nothing stands in the way; else return ``None``.
+
+        The fast path of every unthrottled request: no Deferred, no heap.
+        """
+        if self._closed:
+            return None
+        now = self._clock.seconds()
+        for scope, amount in zip(scopes, amounts):
+            if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
+                return None
+        waiter = Waiter(request, scopes, amounts, (0, next(self._seq)))
+        for scope in scopes:
+            scope.requests.add(request)
+        self._dispatch(waiter, now)
+        return waiter
+
+    def acquire(
+        self,
+        request: Request,
+        scopes: Sequence[Scope],
+        amounts: Sequence[float | None],
+        priority: int = 0,
+        delay: float = 0.0,
+    ) -> Deferred[Waiter]:
+        """Return a Deferred that fires with a ticket once every scope allows *request*.
+
+        *delay* (the ``throttling_delay`` meta) holds the request that long
+        before it starts competing for its scopes. Cancelling the Deferred
+        withdraws the request from every scope.
+        """
+        waiter = Waiter(request, scopes, amounts, (-priority, next(self._seq)))
+        waiter.deferred = Deferred(lambda _: self._cancel(waiter))
+        if self._closed:
+            waiter.deferred.errback(GateClosedError("the downloader is closed"))
+            return waiter.deferred
+        waiter.enqueued_at = self._clock.seconds()
+        self.waiting.add(waiter)
+        for scope in scopes:
+            scope.requests.add(request)
+        if delay > 0:
+            waiter.delay_call = self._clock.callLater(delay, self._enter, waiter)
+        else:
+            self._enter(waiter)
+        return waiter.deferred
+
+    def _enter(self, waiter: Waiter) -> None:
+        waiter.delay_call = None
+        if not waiter.scopes:
+            self._dispatch(waiter, self._clock.seconds())
+            self._fire(waiter)
+            return
+        now = self._clock.seconds()
+        target = waiter.scopes[0]
+        for scope, amount in zip(waiter.scopes, waiter.amounts):
+            if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
+                target = scope
+                break
+        self._park(waiter, target)
+        self.poke(target)
+
+    # Leaving
+
+    def release(self, ticket: Waiter) -> None:
+        """Give back what a dispatched request held; wake the scopes it freed."""
+        now = self._clock.seconds()
+        request = ticket.request
+        for scope in ticket.scopes:
+            scope.requests.discard(request)
+            scope.in_flight.discard(request)
+            scope.manager.record_done(now)
+        for scope in ticket.scopes:
+            self.poke(scope)
+
+    def _cancel(self, waiter: Waiter) -> None:
+        if waiter.dispatched or waiter.cancelled:
+            return
+        waiter.cancelled = True
+        self.waiting.discard(waiter)
+        if waiter.delay_call is not None and waiter.delay_call.active():
+            waiter.delay_call.cancel()
+        for scope in waiter.scopes:
+            scope.requests.discard(waiter.request)
+        parked = waiter.parked_on
+        if parked is not None:
+            parked.live_waiters -= 1
+            waiter.parked_on = None
+            # The next waiter may have been stuck only behind this one.
+            self.poke(parked)
+
+    # Waking
+
+    def poke(self, scope: Scope) -> None:
+        """Ask *scope* to admit what it can; safe to call from any callback."""
+        if self._closed or scope.id in self._queued:
+            return
+        self._queued.add(scope.id)
+        self._pending.append(scope)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._pending:
+                next_scope = self._pending.popleft()
+                self._queued.discard(next_scope.id)
+                for waiter in self._pump(next_scope):
+                    self._fire(waiter)
+        finally:
+            self._draining = False
+
+    def _pump(self, scope: Scope) -> list[Waiter]:
+        """Dispatch the head waiters of *scope* that may go; return them to fire."""
+        ready: list[Waiter] = []
+        heap = scope.waiters
+        now = self._clock.seconds()
+        while heap:
+            waiter = heap[0][1]
+            if waiter.cancelled or waiter.parked_on is not scope:
+                heapq.heappop(heap)
+                continue
+            index = waiter.scopes.index(scope)
+            wait = scope.manager.can_send(now, waiter.amounts[index])
+            if wait > 0:
+                self._arm(scope, wait)
+                break
+            heapq.heappop(heap)
+            scope.live_waiters -= 1
+            waiter.parked_on = None
+            blocker, blocker_wait = self._first_blocker(waiter, now, skip=scope)
+            if blocker is not None:
+                self._park(waiter, blocker)
+                self._arm(blocker, blocker_wait)
+                continue
+            self._dispatch(waiter, now)
+            ready.append(waiter)
+        return ready
+
+    def _first_blocker(
+        self, waiter: Waiter, now: float, skip: Scope
+    ) -> tuple[Scope | None, float]:
+        for scope, amount in zip(waiter.scopes, waiter.amounts):
+            if scope is skip:
+                continue
+            wait = scope.manager.can_send(now, amount)
+            if wait > 0:
+                return scope, wait
+        return None, 0.0
+
+    def _park(self, waiter: Waiter, scope: Scope) -> None:
+        waiter.parked_on = scope
+        scope.live_waiters += 1
+        heapq.heappush(scope.waiters, (waiter.key, waiter))
+
+    def _arm(self, scope: Scope, wait: float) -> None:
+        """Make sure *scope* wakes within *wait* seconds (one timer per scope)."""
+        if math.isinf(wait):
+            return  # only a state change can free it; that pokes the scope
+        due = self._clock.seconds() + wait
+        timer = scope.timer
+        if timer is not None and timer.active():
+            if timer.getTime() <= due:
+                return
+            timer.cancel()
+        scope.timer = self._clock.callLater(wait, self._wake, scope)
+
+    def _wake(self, scope: Scope) -> None:
+        scope.timer = None
+        self.poke(scope)
+
+    def _dispatch(self, waiter: Waiter, now: float) -> None:
+        waiter.dispatched = True
+        waiter.sent_at = now
+        self.waiting.discard(waiter)
+        request = waiter.request
+        for scope, amount in zip(waiter.scopes, waiter.amounts):
+            scope.manager.record_sent(now, amount)
+            scope.in_flight.add(request)
+        if self._on_dispatch is not None:
+            self._on_dispatch(waiter, now)
+
+    def _fire(self, waiter: Waiter) -> None:
+        if waiter.deferred is not None:
+            waiter.deferred.callback(waiter)
+
+    # Closing
+
+    def close(self, scopes: Sequence[Scope]) -> None:
+        """Fail every waiter and cancel every timer; the gate admits nothing after this."""
+        self._closed = True
+        for scope in scopes:
+            if scope.timer is not None and scope.timer.active():
+                scope.timer.cancel()
+            scope.timer = None
+        for waiter in list(self.waiting):
+            deferred = waiter.deferred
+            self._cancel(waiter)
+            if deferred is not None and not deferred.called:
+                deferred.errback(
+                    GateClosedError(
+                        f"the downloader closed while {waiter.request} waited for its "
+                        f"throttling scopes {[s.id for s in waiter.scopes]}"
+                    )
+                )
+        self._pending.clear()
+        self._queued.clear()

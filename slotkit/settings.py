@@ -1,0 +1,323 @@
+"""Read and validate slotkit's settings once, at crawler start.
+
+Everything a scope needs is resolved here into plain values, so a bad value
+fails before the first request with a message that names the setting, the
+scope, what arrived and what is accepted. Nothing in here touches a reactor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.misc import load_object
+
+from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
+from slotkit.validation import (
+    NO_JITTER,
+    Jitter,
+    SettingsError,
+    _closest,
+    _describe,
+    _integer,
+    _number,
+    parse_jitter,
+)
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+__all__ = [
+    "Jitter",
+    "ScopeConfig",
+    "ThrottlingSettings",
+    "SettingsError",
+    "parse_jitter",
+]
+
+#: Keys a ``THROTTLING_SCOPES`` entry may carry.
+SCOPE_KEYS = frozenset(
+    {"concurrency", "min_concurrency", "delay", "jitter", "manager", "backoff"}
+)
+#: Keys that belong to features this release does not have yet. They are
+#: refused rather than accepted and ignored, which would be a silent lie.
+RESERVED_SCOPE_KEYS = frozenset({"quota", "window", "rampup", "ignore_robots_txt"})
+
+#: ``DOWNLOAD_SLOTS`` keys Scrapy 2.19 understands.
+SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
+
+def _load_class(where: str, value: object) -> type:
+    if isinstance(value, type):
+        return value
+    if not isinstance(value, str):
+        raise SettingsError(f"{where} must be a class or an import path (got {_describe(value)})")
+    try:
+        loaded = load_object(value)
+    except (ImportError, NameError, ValueError, AttributeError) as exc:
+        raise SettingsError(f"{where} could not be imported from {value!r}: {exc}") from None
+    if not isinstance(loaded, type):
+        raise SettingsError(f"{where} must name a class (got {_describe(loaded)})")
+    return loaded
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeConfig:
+    """The resolved configuration of one scope, handed to its scope manager."""
+
+    concurrency: int
+    delay: float
+    jitter: Jitter = NO_JITTER
+    min_concurrency: int = 1
+    manager: type | None = None
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    #: Where each value came from (``"default"``, ``"THROTTLING_SCOPES"``, ...).
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as the plain dict a scope manager's ``from_crawler`` receives."""
+        return {
+            "concurrency": self.concurrency,
+            "min_concurrency": self.min_concurrency,
+            "delay": self.delay,
+            "jitter": list(self.jitter),
+            "backoff": {
+                "http_codes": sorted(self.backoff.http_codes),
+                "exceptions": list(self.backoff.exceptions),
+                "delay_factor": self.backoff.delay_factor,
+                "max_delay": self.backoff.max_delay,
+                "min_delay": self.backoff.min_delay,
+                "jitter": list(self.backoff.jitter),
+                "window": self.backoff.window,
+            },
+        }
+
+
+def _validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str, Any]:
+    """Check one ``THROTTLING_SCOPES`` entry; return it with values normalised."""
+    if not isinstance(scope, str) or not scope:
+        raise SettingsError(f"{setting} keys must be non-empty scope ids (got {_describe(scope)})")
+    where = f"{setting}[{scope!r}]"
+    if not isinstance(entry, Mapping):
+        raise SettingsError(
+            f"{where} must be a dict of scope options such as "
+            f"{{'concurrency': 2, 'delay': 1.0}} (got {_describe(entry)})"
+        )
+    result: dict[str, Any] = {}
+    for key, value in entry.items():
+        if key in RESERVED_SCOPE_KEYS:
+            raise SettingsError(
+                f"{where}[{key!r}] is not supported by this version of slotkit yet; "
+                f"accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
+            )
+        if key not in SCOPE_KEYS:
+            raise SettingsError(
+                f"{where} has an unknown key {key!r}{_closest(str(key), SCOPE_KEYS)} "
+                f"(accepted keys: {', '.join(sorted(SCOPE_KEYS))})"
+            )
+        if key == "concurrency":
+            result[key] = _integer(f"{where}['concurrency']", value, minimum=1)
+        elif key == "min_concurrency":
+            result[key] = _integer(f"{where}['min_concurrency']", value, minimum=1)
+        elif key == "delay":
+            result[key] = _number(f"{where}['delay']", value)
+        elif key == "jitter":
+            result[key] = parse_jitter(f"{where}['jitter']", value)
+        elif key == "manager":
+            result[key] = _load_class(f"{where}['manager']", value)
+        elif key == "backoff":
+            result[key] = value  # checked against the BACKOFF_* defaults by ThrottlingSettings
+    if result.get("min_concurrency", 1) > result.get("concurrency", math.inf):
+        raise SettingsError(
+            f"{where}['min_concurrency'] ({result['min_concurrency']}) must not exceed "
+            f"its concurrency ({result['concurrency']})"
+        )
+    return result
+
+
+def _slot_entry(key: str, entry: object) -> dict[str, Any]:
+    """Map a ``DOWNLOAD_SLOTS`` entry onto scope options."""
+    where = f"DOWNLOAD_SLOTS[{key!r}]"
+    if not isinstance(entry, Mapping):
+        raise SettingsError(f"{where} must be a dict (got {_describe(entry)})")
+    result: dict[str, Any] = {}
+    for name, value in entry.items():
+        if name not in SLOT_KEYS:
+            raise SettingsError(
+                f"{where} has an unknown key {name!r}{_closest(str(name), SLOT_KEYS)} "
+                f"(accepted keys: {', '.join(sorted(SLOT_KEYS))})"
+            )
+        if name == "concurrency":
+            result["concurrency"] = _integer(f"{where}['concurrency']", value, minimum=1)
+        elif name == "delay":
+            result["delay"] = _number(f"{where}['delay']", value)
+        elif name == "jitter":
+            result["jitter"] = parse_jitter(f"{where}['jitter']", value)
+        elif name == "randomize_delay" and "jitter" not in entry:
+            result["jitter"] = parse_jitter(f"{where}['randomize_delay']", bool(value))
+    return result
+
+
+def _default_jitter(settings: BaseSettings) -> Jitter:
+    """The jitter of scopes that set none, read the way Scrapy 2.19 reads it.
+
+    ``DOWNLOAD_DELAY_JITTER`` is the current setting; the older boolean
+    ``RANDOMIZE_DOWNLOAD_DELAY`` still wins when it was set explicitly at a
+    higher priority.
+    """
+    default_priority = SETTINGS_PRIORITIES["default"]
+    randomize_priority = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
+    jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
+    if randomize_priority > default_priority and randomize_priority > jitter_priority:
+        return parse_jitter("RANDOMIZE_DOWNLOAD_DELAY", settings.getbool("RANDOMIZE_DOWNLOAD_DELAY"))
+    return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
+
+
+#: Kinds of scope; they differ only in their default concurrency.
+DOMAIN, IP, CUSTOM = "domain", "ip", "custom"
+
+
+@dataclass(frozen=True)
+class ThrottlingSettings:
+    """Every throttling setting of a crawl, validated."""
+
+    domain_concurrency: int = 8
+    ip_concurrency: int = 0
+    scope_concurrency: int = 1
+    total_concurrency: int = 16
+    delay: float = 0.0
+    jitter: Jitter = (-0.5, 0.5)
+    scopes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    slots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    scope_limit: int = 100_000
+    scope_max_idle: float = 3600.0
+    warn_threshold: int = 500
+    debug: bool = False
+    manager: type | None = None
+    scope_manager: type | None = None
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    #: Per-scope backoff rules, for scopes whose entry has a ``"backoff"`` dict.
+    scope_backoffs: Mapping[str, BackoffConfig] = field(default_factory=dict)
+    resend: bool = True
+    resend_timeout: float = 180.0
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
+        """Read and check every setting; raise :class:`SettingsError` on the first bad one."""
+        raw_scopes = settings.get("THROTTLING_SCOPES") or {}
+        if not isinstance(raw_scopes, Mapping):
+            raise SettingsError(
+                "THROTTLING_SCOPES must be a dict mapping scope ids to dicts of options "
+                f"(got {_describe(raw_scopes)})"
+            )
+        scopes = {
+            scope: _validate_scope_entry("THROTTLING_SCOPES", scope, entry)
+            for scope, entry in raw_scopes.items()
+        }
+        raw_slots = settings.get("DOWNLOAD_SLOTS") or {}
+        if not isinstance(raw_slots, Mapping):
+            raise SettingsError(f"DOWNLOAD_SLOTS must be a dict (got {_describe(raw_slots)})")
+        slots = {str(key): _slot_entry(str(key), entry) for key, entry in raw_slots.items()}
+        manager = settings.get("THROTTLING_MANAGER")
+        scope_manager = settings.get("THROTTLING_SCOPE_MANAGER")
+        backoff = read_backoff(settings)
+        scope_backoffs = {
+            scope: scope_backoff(backoff, f"THROTTLING_SCOPES[{scope!r}]['backoff']", entry["backoff"])
+            for scope, entry in scopes.items()
+            if "backoff" in entry
+        }
+        return cls(
+            backoff=backoff,
+            scope_backoffs=scope_backoffs,
+            resend=settings.getbool("BACKOFF_RESEND", True),
+            resend_timeout=_number(
+                "BACKOFF_RESEND_TIMEOUT", settings.get("BACKOFF_RESEND_TIMEOUT", 180.0)
+            ),
+            domain_concurrency=_integer(
+                "CONCURRENT_REQUESTS_PER_DOMAIN",
+                settings.get("CONCURRENT_REQUESTS_PER_DOMAIN", 8),
+                minimum=1,
+            ),
+            ip_concurrency=_integer(
+                "CONCURRENT_REQUESTS_PER_IP", settings.get("CONCURRENT_REQUESTS_PER_IP", 0), minimum=0
+            ),
+            scope_concurrency=_integer(
+                "THROTTLING_SCOPE_CONCURRENCY",
+                settings.get("THROTTLING_SCOPE_CONCURRENCY", 1),
+                minimum=1,
+            ),
+            total_concurrency=_integer(
+                "CONCURRENT_REQUESTS", settings.get("CONCURRENT_REQUESTS", 16), minimum=0
+            ),
+            delay=_number("DOWNLOAD_DELAY", settings.get("DOWNLOAD_DELAY", 0.0)),
+            jitter=_default_jitter(settings),
+            scopes=scopes,
+            slots=slots,
+            scope_limit=_integer(
+                "THROTTLING_SCOPE_LIMIT", settings.get("THROTTLING_SCOPE_LIMIT", 100_000), minimum=0
+            ),
+            scope_max_idle=_number(
+                "THROTTLING_SCOPE_MAX_IDLE", settings.get("THROTTLING_SCOPE_MAX_IDLE", 3600.0)
+            ),
+            warn_threshold=_integer(
+                "DELAYED_REQUESTS_WARN_THRESHOLD",
+                settings.get("DELAYED_REQUESTS_WARN_THRESHOLD", 500),
+                minimum=0,
+            ),
+            debug=settings.getbool("THROTTLING_DEBUG"),
+            manager=None if manager is None else _load_class("THROTTLING_MANAGER", manager),
+            scope_manager=(
+                None
+                if scope_manager is None
+                else _load_class("THROTTLING_SCOPE_MANAGER", scope_manager)
+            ),
+        )
+
+    def backoff_config(self, scope: str) -> BackoffConfig:
+        """The backoff rules of *scope*: its ``"backoff"`` overrides, else the globals."""
+        return self.scope_backoffs.get(scope, self.backoff)
+
+    def default_concurrency(self, kind: str) -> int:
+        """The concurrency of a scope of *kind* that configures none."""
+        if kind == IP and self.ip_concurrency:
+            return self.ip_concurrency
+        if kind == CUSTOM:
+            return self.scope_concurrency
+        return self.domain_concurrency
+
+    def scope_config(self, scope: str, kind: str) -> ScopeConfig:
+        """Resolve the configuration of *scope*: defaults, then ``DOWNLOAD_SLOTS``,
+        then ``THROTTLING_SCOPES``; ``CONCURRENT_REQUESTS`` caps the concurrency."""
+        sources = {
+            "concurrency": "default",
+            "delay": "default",
+            "jitter": "default",
+            "min_concurrency": "default",
+        }
+        values: dict[str, Any] = {
+            "concurrency": self.default_concurrency(kind),
+            "delay": self.delay,
+            "jitter": self.jitter,
+            "min_concurrency": 1,
+            "manager": self.scope_manager,
+        }
+        for origin, table in (("DOWNLOAD_SLOTS", self.slots), ("THROTTLING_SCOPES", self.scopes)):
+            entry = table.get(scope)
+            if entry:
+                values.update(entry)
+                sources.update(dict.fromkeys(entry, origin))
+        concurrency = values["concurrency"]
+        if self.total_concurrency and concurrency > self.total_concurrency:
+            concurrency = self.total_concurrency
+            sources["concurrency"] = "CONCURRENT_REQUESTS (cap)"
+        return ScopeConfig(
+            concurrency=concurrency,
+            delay=values["delay"],
+            jitter=values["jitter"],
+            min_concurrency=min(values["min_concurrency"], concurrency),
+            manager=values["manager"],
+            backoff=self.backoff_config(scope),
+            sources=sources,
+        )

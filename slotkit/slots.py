@@ -1,0 +1,126 @@
+"""A ``Downloader.slots`` that behaves like Scrapy's, backed by scopes.
+
+Scrapy components read the stock downloader's slots: the default priority
+queue counts ``len(slots[key].active)``, AutoThrottle reads and writes
+``slots[key].delay``, the telnet console prints them, and plugins such as
+scrapy-zyte-api call ``_get_slot(request)`` and set ``slot.delay = 0``. The
+views below answer those reads from the live scopes and turn writes into
+scope-manager calls, so the scope stays the one source of truth.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from slotkit.gate import Gate
+    from slotkit.registry import Scope, ScopeRegistry
+
+__all__ = ["SlotView", "SlotsView"]
+
+
+class SlotView:
+    """One scope seen through ``scrapy.core.downloader.Slot``'s attributes."""
+
+    __slots__ = ("_gate", "_scope")
+
+    def __init__(self, scope: Scope, gate: Gate) -> None:
+        self._scope = scope
+        self._gate = gate
+
+    @property
+    def key(self) -> str:
+        return self._scope.id
+
+    @property
+    def active(self) -> set[Request]:
+        """Requests of the scope waiting at the gate or in flight."""
+        return self._scope.requests
+
+    @property
+    def transferring(self) -> set[Request]:
+        """Requests of the scope in flight."""
+        return self._scope.in_flight
+
+    @property
+    def queue(self) -> deque[tuple[Request, None]]:
+        """Requests of the scope still waiting (a snapshot; Scrapy pairs them with Deferreds)."""
+        scope = self._scope
+        return deque((request, None) for request in scope.requests - scope.in_flight)
+
+    @property
+    def delay(self) -> float:
+        return float(getattr(self._scope.manager, "delay", 0.0))
+
+    @delay.setter
+    def delay(self, value: float) -> None:
+        self._scope.manager.set_base_delay(float(value))
+        self._gate.poke(self._scope)
+
+    @property
+    def concurrency(self) -> int:
+        return int(getattr(self._scope.manager, "concurrency", 0))
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        self._scope.manager.set_concurrency(int(value))
+        self._gate.poke(self._scope)
+
+    @property
+    def jitter(self) -> float:
+        low, high = getattr(self._scope.manager, "jitter", (0.0, 0.0))
+        return float(max(-low, high))
+
+    @property
+    def randomize_delay(self) -> bool:
+        return bool(self.jitter)
+
+    @property
+    def lastseen(self) -> float:
+        return float(getattr(self._scope.manager, "last_sent", None) or 0.0)
+
+    @property
+    def latercall(self) -> Any:
+        return self._scope.timer
+
+    def free_transfer_slots(self) -> int:
+        return self.concurrency - len(self._scope.in_flight)
+
+    def download_delay(self) -> float:
+        sample = getattr(self._scope.manager, "sample_delay", None)
+        return float(sample()) if callable(sample) else self.delay
+
+    def close(self) -> None:
+        """Nothing to do: the downloader closes the scopes."""
+
+    def __repr__(self) -> str:
+        return repr(self._scope)
+
+    __str__ = __repr__
+
+
+class SlotsView(Mapping[str, SlotView]):
+    """``Downloader.slots``: live scopes by id, as :class:`SlotView` objects."""
+
+    def __init__(self, registry: ScopeRegistry, gate: Gate) -> None:
+        self._registry = registry
+        self._gate = gate
+
+    def __getitem__(self, key: str) -> SlotView:
+        scope = self._registry.peek(key)
+        if scope is None:
+            raise KeyError(key)
+        return SlotView(scope, self._gate)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._registry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._registry))
+
+    def __len__(self) -> int:
+        return len(self._registry)

@@ -1,0 +1,84 @@
+"""Checks shared by every setting reader: numbers, integers, jitter, names.
+
+Each check raises :class:`SettingsError` with a message that says where the
+value came from, what arrived and what is accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+
+__all__ = ["NO_JITTER", "Jitter", "SettingsError", "parse_jitter"]
+
+#: Relative jitter bounds: the delay is multiplied by ``1 + uniform(low, high)``.
+Jitter = tuple[float, float]
+NO_JITTER: Jitter = (0.0, 0.0)
+
+
+class SettingsError(ValueError):
+    """A setting has a value slotkit cannot use."""
+
+
+def _describe(value: object) -> str:
+    return f"{value!r}, a {type(value).__name__}"
+
+
+def _closest(key: str, choices: frozenset[str]) -> str:
+    match = difflib.get_close_matches(key, sorted(choices), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _number(where: str, value: object, *, minimum: float = 0.0) -> float:
+    """Return *value* as a finite float >= *minimum*, or raise naming *where*."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SettingsError(f"{where} must be a number >= {minimum:g} (got {_describe(value)})")
+    try:
+        number = float(value)
+    except ValueError:
+        raise SettingsError(
+            f"{where} must be a number >= {minimum:g} (got {_describe(value)})"
+        ) from None
+    if not math.isfinite(number) or number < minimum:
+        raise SettingsError(f"{where} must be a number >= {minimum:g} (got {_describe(value)})")
+    return number
+
+
+def _integer(where: str, value: object, *, minimum: int) -> int:
+    """Return *value* as an int >= *minimum*, or raise naming *where*."""
+    if isinstance(value, bool):
+        raise SettingsError(f"{where} must be an integer >= {minimum} (got {_describe(value)})")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            pass
+    if not isinstance(value, int) or value < minimum:
+        raise SettingsError(f"{where} must be an integer >= {minimum} (got {_describe(value)})")
+    return value
+
+
+def parse_jitter(where: str, value: object) -> Jitter:
+    """Turn a jitter setting into ``(low, high)`` relative bounds.
+
+    A number ``x`` means ±x; a ``[low, high]`` pair is taken as is; booleans
+    follow ``RANDOMIZE_DOWNLOAD_DELAY``: True is ±50%, False is none.
+    """
+    if isinstance(value, bool):
+        return (-0.5, 0.5) if value else NO_JITTER
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise SettingsError(
+                f"{where} must be a number or a [low, high] pair (got {_describe(value)})"
+            )
+        low = _number(f"{where}[0]", value[0], minimum=-1.0)
+        high = _number(f"{where}[1]", value[1], minimum=-1.0)
+        if low > high:
+            raise SettingsError(f"{where} must have low <= high (got {value!r})")
+        return (low, high)
+    magnitude = _number(where, value)
+    return (-magnitude, magnitude)
+
+
