@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -267,6 +268,32 @@ class Downloader:
         finally:
             self.gate.release(ticket)
 
+    def time_until_ready(self, request: Request) -> float:
+        """Seconds until every scope of *request* would let it through (for schedulers).
+
+        ``0.0``: now. ``math.inf``: a scope is full and only a finished
+        download can free it. Only sync ``get_scopes`` results (or the
+        defaults) are considered; scopes not alive yet count as free. Creates
+        no scope and changes no state.
+        """
+        try:
+            scopes = normalize_scopes(self._get_scopes(request)) if self._sync_scopes else {}
+        except Exception:
+            scopes = {}
+        if not scopes:
+            scopes = {self.get_slot_key(request): None}
+        now = self._clock.seconds()
+        wait = 0.0
+        for scope_id, amount in scopes.items():
+            scope = self.registry.peek(scope_id)
+            if scope is None:
+                continue
+            scope_wait = scope.manager.can_send(now, amount)
+            if scope.live_waiters and scope_wait <= 0:
+                scope_wait = math.inf  # others queue ahead; a release will tell
+            wait = max(wait, scope_wait)
+        return wait
+
     # What the throttling manager asks of the downloader
 
     def scope_ids(self, request: Request) -> list[str]:
@@ -276,6 +303,11 @@ class Downloader:
     def now(self) -> float:
         """The crawl clock's current time (epoch seconds under a Twisted reactor)."""
         return float(self._clock.seconds())
+
+    def has_quota(self, scope_id: str) -> bool:
+        """Whether the live scope *scope_id* counts a quota."""
+        scope = self.registry.peek(scope_id)
+        return scope is not None and getattr(scope.manager, "quota", None) is not None
 
     def backoff_config(self, scope_id: str) -> BackoffConfig:
         """The backoff rules of *scope_id*."""

@@ -20,7 +20,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from zope.interface import implementer
 
 from slotkit.feedback import current_request
-from slotkit.headers import parse_rate_limit_headers
+from slotkit.headers import RateLimitHint, parse_rate_limit_headers
 from slotkit.interfaces import IThrottlingManager
 from slotkit.settings import CUSTOM, DOMAIN, IP
 
@@ -183,6 +183,8 @@ class ScopeBackoff:
     remaining: float | None = None
 
 
+_NOTHING = ScopeBackoff()
+
 #: What ``get_response_backoff`` returns: ``None`` or scope id -> :class:`ScopeBackoff`.
 Backoff = Mapping[str, ScopeBackoff] | None
 
@@ -223,6 +225,8 @@ class _ScopeController(Protocol):
 
     def now(self) -> float: ...
 
+    def has_quota(self, scope_id: str) -> bool: ...
+
 
 @implementer(IThrottlingManager)
 class ThrottlingManager:
@@ -260,27 +264,42 @@ class ThrottlingManager:
     def get_response_backoff(self, response: Response) -> Backoff:
         """What *response* says about its request's scopes (``None``: nothing).
 
-        Every scope of the request whose backoff ``http_codes`` contain the
-        status is triggered; a wait hint in the headers (``Retry-After``,
-        ``RateLimit``, ``X-RateLimit-*`` ...) becomes its hard minimum.
-        Responses served from HttpCacheMiddleware's cache and requests with
-        the ``throttling_dont_track`` meta never trigger anything.
+        * Every scope whose backoff ``http_codes`` contain the status is
+          triggered; a wait hint in the headers (``Retry-After``,
+          ``RateLimit``, ``X-RateLimit-*`` ...) becomes its hard minimum.
+        * Every scope with a quota takes the server's remaining count
+          (``RateLimit`` / ``X-RateLimit-Remaining``) as the truth, and an
+          exhausted quota holds the scope until the reported reset.
+        * Responses served from HttpCacheMiddleware's cache and requests with
+          the ``throttling_dont_track`` meta never change anything.
         """
+        controller = self._controller
         request = _request_of(response)
-        if request is None or request.meta.get("throttling_dont_track") or "cached" in response.flags:
+        if (
+            controller is None
+            or request is None
+            or request.meta.get("throttling_dont_track")
+            or "cached" in response.flags
+        ):
             return None
-        if self._controller is None:
-            return None
-        triggered = [
-            scope_id
-            for scope_id in self._controller.scope_ids(request)
-            if self._controller.backoff_config(scope_id).is_trigger_status(response.status)
-        ]
-        if not triggered:
-            return None
-        hint = parse_rate_limit_headers(response.headers, now=self._controller.now())
-        record = ScopeBackoff(trigger=True, delay=hint.delay)
-        return dict.fromkeys(triggered, record)
+        result: dict[str, ScopeBackoff] = {}
+        hint: RateLimitHint | None = None
+        for scope_id in controller.scope_ids(request):
+            trigger = controller.backoff_config(scope_id).is_trigger_status(response.status)
+            quota = controller.has_quota(scope_id)
+            if not (trigger or quota):
+                continue
+            if hint is None:  # parsed only when some scope can use it
+                hint = parse_rate_limit_headers(response.headers, now=controller.now())
+            record = ScopeBackoff(trigger=trigger, delay=hint.delay if trigger else None)
+            if quota and hint.remaining is not None:
+                exhausted_wait = hint.delay if hint.remaining == 0 else None
+                record = replace(
+                    record, remaining=hint.remaining, delay=record.delay or exhausted_wait
+                )
+            if record != _NOTHING:
+                result[scope_id] = record
+        return result or None
 
     def get_exception_backoff(self, request: Request, exception: BaseException) -> Backoff:
         """What a download failure says about the request's scopes (``None``: nothing).

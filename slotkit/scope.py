@@ -16,6 +16,8 @@ from zope.interface import implementer
 from slotkit.backoff import BackoffConfig
 from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor, next_backoff, recover
+from slotkit.quota import Quota
+from slotkit.rampup import Rampup, RampupConfig
 from slotkit.validation import NO_JITTER, Jitter, parse_jitter
 
 if TYPE_CHECKING:
@@ -54,9 +56,19 @@ class ThrottlingScopeManager:
         min_concurrency: int = 1,
         rng: Uniform | None = None,
         backoff: BackoffConfig | None = None,
+        quota: float | None = None,
+        window: float = 60.0,
+        rampup: RampupConfig | None = None,
     ) -> None:
         self.min_concurrency = max(1, min_concurrency)
-        self.concurrency = max(self.min_concurrency, concurrency)
+        #: The ceiling rampup may raise concurrency to (the configured concurrency).
+        self.max_concurrency = max(self.min_concurrency, concurrency)
+        self.concurrency = self.max_concurrency
+        self.quota = None if quota is None else Quota(quota, window)
+        self.rampup = None if rampup is None else Rampup(rampup)
+        if self.rampup is not None:
+            # Rampup probes upwards: start at the floor, climb while the site allows.
+            self.concurrency = self.min_concurrency
         self.delay = delay
         self.jitter = jitter
         self.active = 0
@@ -85,6 +97,9 @@ class ThrottlingScopeManager:
             jitter=parse_jitter("jitter", config.get("jitter", 0.0)),
             min_concurrency=int(config.get("min_concurrency", 1)),
             backoff=_backoff_from_dict(config.get("backoff")),
+            quota=config.get("quota"),
+            window=float(config.get("window", 60.0)),
+            rampup=_rampup_from_dict(config.get("rampup")),
         )
 
     # IThrottlingScopeManager
@@ -94,11 +109,13 @@ class ThrottlingScopeManager:
         if self.active >= self.concurrency:
             return math.inf
         wait = self.next_allowed - now
+        if self.quota is not None:
+            wait = max(wait, self.quota.wait(now, 1.0 if amount is None else amount))
         if wait <= 0:
             return 0.0
-        if wait > self.recovers_at - now and now >= self.hold_until:
-            # A recovery step before then may shorten the gap: ask again at it.
-            return max(self.recovers_at - now, 0.0)
+        if now >= self.hold_until:
+            # A recovery or rampup step before then may shorten the wait: ask again at it.
+            wait = min(wait, max(self._next_change - now, 0.0))
         return wait
 
     def record_sent(self, now: float, amount: float | None = None) -> None:
@@ -106,6 +123,10 @@ class ThrottlingScopeManager:
         self.active += 1
         self.last_sent = now
         self._factor = self._draw_factor()
+        if self.quota is not None:
+            self.quota.spend(now, 1.0 if amount is None else amount)
+        if self.rampup is not None:
+            self.rampup.record_sent(now)
 
     def record_done(self, now: float) -> None:
         self.active = max(0, self.active - 1)
@@ -115,6 +136,8 @@ class ThrottlingScopeManager:
         self._settle(now)
         self.triggers += 1
         self.last_trigger = now
+        if self.rampup is not None:
+            self.rampup.record_trigger()
         if delay is not None:
             if delay > 0:
                 self.hold_until = max(self.hold_until, now + delay)
@@ -133,24 +156,48 @@ class ThrottlingScopeManager:
     def reconcile_quota(
         self, consumed: float | None = None, remaining: float | None = None, now: float = 0.0
     ) -> None:
-        """No quota in this release; kept so custom callers can rely on the method."""
+        """Correct the quota count: the server's *remaining* wins, else add *consumed*."""
+        if self.quota is None:
+            return
+        if remaining is not None:
+            self.quota.reset_to(now, self.quota.limit - remaining)
+        elif consumed:
+            self.quota.spend(now, consumed)
 
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))
 
     def set_concurrency(self, concurrency: int) -> None:
         self.concurrency = max(self.min_concurrency, int(concurrency))
+        self.max_concurrency = max(self.max_concurrency, self.concurrency)
 
     def is_idle(self, now: float, max_idle: float) -> bool:
         self._settle(now)
         if self.active or self.backoff_delay is not None or now < self.next_allowed:
             return False
+        if self.quota is not None and self.quota.used(now) > 0:
+            return False  # forgetting spent quota would let the next window overspend
         last = max(self.last_sent or -math.inf, self.last_done or -math.inf)
         return now - last >= max_idle
 
     # Backoff bookkeeping
 
+    @property
+    def _next_change(self) -> float:
+        """When recovery or rampup may next change the rate on their own."""
+        rampup_end = math.inf if self.rampup is None else self.rampup.window_end
+        return min(self.recovers_at, rampup_end)
+
     def _settle(self, now: float) -> None:
+        """Apply the recovery and rampup steps due by *now*."""
+        self._recover(now)
+        if self.rampup is not None and now >= self.rampup.window_end:
+            step = self.rampup.settle(
+                now, self.delay, self.concurrency, self.max_concurrency, self.backoff_delay is not None
+            )
+            self.delay, self.concurrency = step.delay, step.concurrency
+
+    def _recover(self, now: float) -> None:
         """Apply the recovery steps due by *now* (one per quiet window)."""
         config = self.backoff
         while self.backoff_delay is not None and now >= self.recovers_at:
@@ -194,6 +241,19 @@ class ThrottlingScopeManager:
             f"<{type(self).__name__} active={self.active}/{self.concurrency} "
             f"delay={self.delay:.2f}s{backoff}{hold}>"
         )
+
+
+def _rampup_from_dict(raw: Any) -> RampupConfig | None:
+    """Rebuild a :class:`RampupConfig` from the dict a scope config carries."""
+    if not raw:
+        return None
+    target = raw.get("backoff_target", (1, 1))
+    return RampupConfig(
+        target=(int(target[0]), int(target[1])),
+        delay_factor=float(raw.get("delay_factor", 0.5)),
+        min_delay=float(raw.get("min_delay", 0.0)),
+        window=float(raw.get("window", 60.0)),
+    )
 
 
 def _backoff_from_dict(raw: Any) -> BackoffConfig | None:

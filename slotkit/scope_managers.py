@@ -39,6 +39,9 @@ def create_scope_manager(crawler: Crawler, config: ScopeConfig) -> Any:
             jitter=config.jitter,
             min_concurrency=config.min_concurrency,
             backoff=config.backoff,
+            quota=config.quota,
+            window=config.window,
+            rampup=config.rampup,
         )
     factory = getattr(cls, "from_crawler", None)
     if factory is not None:

@@ -16,6 +16,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
 from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
+from slotkit.rampup import RampupConfig
 from slotkit.validation import (
     NO_JITTER,
     Jitter,
@@ -40,14 +41,33 @@ __all__ = [
 
 #: Keys a ``THROTTLING_SCOPES`` entry may carry.
 SCOPE_KEYS = frozenset(
-    {"concurrency", "min_concurrency", "delay", "jitter", "manager", "backoff"}
+    {
+        "concurrency",
+        "min_concurrency",
+        "delay",
+        "jitter",
+        "manager",
+        "backoff",
+        "quota",
+        "window",
+        "rampup",
+    }
 )
 #: Keys that belong to features this release does not have yet. They are
 #: refused rather than accepted and ignored, which would be a silent lie.
-RESERVED_SCOPE_KEYS = frozenset({"quota", "window", "rampup", "ignore_robots_txt"})
+RESERVED_SCOPE_KEYS = frozenset({"ignore_robots_txt"})
+#: Keys of a scope's ``"rampup"`` dict.
+RAMPUP_KEYS = frozenset({"backoff_target", "delay_factor", "min_delay"})
 
 #: ``DOWNLOAD_SLOTS`` keys Scrapy 2.19 understands.
 SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
+
+def _positive(where: str, value: object) -> float:
+    number = _number(where, value)
+    if number <= 0:
+        raise SettingsError(f"{where} must be a number > 0 (got {_describe(value)})")
+    return number
+
 
 def _load_class(where: str, value: object) -> type:
     if isinstance(value, type):
@@ -73,6 +93,9 @@ class ScopeConfig:
     min_concurrency: int = 1
     manager: type | None = None
     backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    quota: float | None = None
+    window: float = 60.0
+    rampup: RampupConfig | None = None
     #: Where each value came from (``"default"``, ``"THROTTLING_SCOPES"``, ...).
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -91,6 +114,16 @@ class ScopeConfig:
                 "min_delay": self.backoff.min_delay,
                 "jitter": list(self.backoff.jitter),
                 "window": self.backoff.window,
+            },
+            **({} if self.quota is None else {"quota": self.quota}),
+            "window": self.window,
+            "rampup": None
+            if self.rampup is None
+            else {
+                "backoff_target": list(self.rampup.target),
+                "delay_factor": self.rampup.delay_factor,
+                "min_delay": self.rampup.min_delay,
+                "window": self.rampup.window,
             },
         }
 
@@ -129,11 +162,64 @@ def _validate_scope_entry(setting: str, scope: object, entry: object) -> dict[st
             result[key] = _load_class(f"{where}['manager']", value)
         elif key == "backoff":
             result[key] = value  # checked against the BACKOFF_* defaults by ThrottlingSettings
+        elif key == "quota":
+            result[key] = _number(f"{where}['quota']", value)
+            if result[key] <= 0:
+                raise SettingsError(f"{where}['quota'] must be a number > 0 (got {_describe(value)})")
+        elif key == "window":
+            result[key] = _number(f"{where}['window']", value)
+            if result[key] <= 0:
+                raise SettingsError(f"{where}['window'] must be a number > 0 (got {_describe(value)})")
+        elif key == "rampup":
+            result[key] = _rampup_entry(f"{where}['rampup']", value)
     if result.get("min_concurrency", 1) > result.get("concurrency", math.inf):
         raise SettingsError(
             f"{where}['min_concurrency'] ({result['min_concurrency']}) must not exceed "
             f"its concurrency ({result['concurrency']})"
         )
+    return result
+
+
+def parse_target(where: str, value: object) -> tuple[int, int]:
+    """A rampup backoff target: an int, or a ``[low, high]`` range."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise SettingsError(f"{where} must be an integer or a [low, high] pair (got {_describe(value)})")
+        low = _integer(f"{where}[0]", value[0], minimum=0)
+        high = _integer(f"{where}[1]", value[1], minimum=low)
+        return (low, high)
+    target = _integer(where, value, minimum=0)
+    return (target, target)
+
+
+def _rampup_entry(where: str, value: object) -> dict[str, Any] | None:
+    """Check a scope's ``"rampup"`` value: a bool, or a dict of overrides."""
+    if isinstance(value, bool):
+        return {} if value else None
+    if not isinstance(value, Mapping):
+        raise SettingsError(
+            f"{where} must be True, False or a dict with keys from "
+            f"{', '.join(sorted(RAMPUP_KEYS))} (got {_describe(value)})"
+        )
+    result: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in RAMPUP_KEYS:
+            raise SettingsError(
+                f"{where} has an unknown key {key!r}{_closest(str(key), RAMPUP_KEYS)} "
+                f"(accepted keys: {', '.join(sorted(RAMPUP_KEYS))})"
+            )
+        if key == "backoff_target":
+            result[key] = parse_target(f"{where}['backoff_target']", item)
+        elif key == "delay_factor":
+            factor = _number(f"{where}['delay_factor']", item)
+            if not 0 < factor < 1:
+                raise SettingsError(
+                    f"{where}['delay_factor'] must be a number between 0 and 1, exclusive "
+                    f"(got {_describe(item)})"
+                )
+            result[key] = factor
+        else:
+            result[key] = _number(f"{where}['min_delay']", item)
     return result
 
 
@@ -202,6 +288,8 @@ class ThrottlingSettings:
     scope_backoffs: Mapping[str, BackoffConfig] = field(default_factory=dict)
     resend: bool = True
     resend_timeout: float = 180.0
+    window: float = 60.0
+    rampup_target: tuple[int, int] = (1, 1)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
@@ -229,6 +317,10 @@ class ThrottlingSettings:
             if "backoff" in entry
         }
         return cls(
+            window=_positive("THROTTLING_WINDOW", settings.get("THROTTLING_WINDOW", 60.0)),
+            rampup_target=parse_target(
+                "RAMPUP_BACKOFF_TARGET", settings.get("RAMPUP_BACKOFF_TARGET", 1)
+            ),
             backoff=backoff,
             scope_backoffs=scope_backoffs,
             resend=settings.getbool("BACKOFF_RESEND", True),
@@ -302,6 +394,9 @@ class ThrottlingSettings:
             "jitter": self.jitter,
             "min_concurrency": 1,
             "manager": self.scope_manager,
+            "quota": None,
+            "window": self.window,
+            "rampup": None,
         }
         for origin, table in (("DOWNLOAD_SLOTS", self.slots), ("THROTTLING_SCOPES", self.scopes)):
             entry = table.get(scope)
@@ -319,5 +414,18 @@ class ThrottlingSettings:
             min_concurrency=min(values["min_concurrency"], concurrency),
             manager=values["manager"],
             backoff=self.backoff_config(scope),
+            quota=values["quota"],
+            window=values["window"],
+            rampup=self._rampup_config(values["rampup"]),
             sources=sources,
+        )
+
+    def _rampup_config(self, entry: Mapping[str, Any] | None) -> RampupConfig | None:
+        if entry is None:
+            return None
+        return RampupConfig(
+            target=entry.get("backoff_target", self.rampup_target),
+            delay_factor=entry.get("delay_factor", 0.5),
+            min_delay=entry.get("min_delay", 0.0),
+            window=self.backoff.window,
         )

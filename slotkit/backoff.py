@@ -1,0 +1,156 @@
+"""Backoff configuration: what triggers it and how steep the curve is.
+
+``BACKOFF_*`` settings give the crawl-wide values; a scope's ``"backoff"``
+dict in ``THROTTLING_SCOPES`` overrides any of ``http_codes``,
+``exceptions``, ``delay_factor``, ``max_delay``, ``min_delay`` and
+``jitter``, each key left out falling back to its global setting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.misc import load_object
+
+from slotkit.validation import Jitter, SettingsError, _closest, _describe, _number, parse_jitter
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+__all__ = ["BACKOFF_KEYS", "BackoffConfig", "read_backoff", "scope_backoff"]
+
+DEFAULT_HTTP_CODES = (429, 502, 503, 504, 520, 521, 522, 523, 524)
+DEFAULT_EXCEPTIONS = (
+    "scrapy.exceptions.DownloadFailedError",
+    "scrapy.exceptions.DownloadTimeoutError",
+    "scrapy.exceptions.ResponseDataLossError",
+)
+#: Keys of a scope's ``"backoff"`` dict.
+BACKOFF_KEYS = frozenset(
+    {"http_codes", "exceptions", "delay_factor", "max_delay", "min_delay", "jitter"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffConfig:
+    """The backoff rules of one scope."""
+
+    http_codes: frozenset[int] = frozenset(DEFAULT_HTTP_CODES)
+    exceptions: tuple[type[BaseException], ...] = ()
+    delay_factor: float = 2.0
+    max_delay: float = 300.0
+    min_delay: float = 1.0
+    jitter: Jitter = (-0.1, 0.1)
+    #: A quiet window after which the delay recovers one step (0: never recovers).
+    window: float = 60.0
+
+    def is_trigger_status(self, status: int) -> bool:
+        return status in self.http_codes
+
+    def is_trigger_exception(self, exception: BaseException) -> bool:
+        return bool(self.exceptions) and isinstance(exception, self.exceptions)
+
+
+def _http_codes(where: str, value: object) -> frozenset[int]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise SettingsError(f"{where} must be a list of HTTP status codes (got {_describe(value)})")
+    codes = set()
+    for code in value:
+        if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+            raise SettingsError(
+                f"{where} must contain HTTP status codes from 100 to 599 (got {_describe(code)})"
+            )
+        codes.add(code)
+    return frozenset(codes)
+
+
+def _exceptions(where: str, value: object) -> tuple[type[BaseException], ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise SettingsError(
+            f"{where} must be a list of exception classes or import paths (got {_describe(value)})"
+        )
+    classes = []
+    for item in value:
+        loaded: Any = item
+        if isinstance(item, str):
+            try:
+                loaded = load_object(item)
+            except (ImportError, NameError, ValueError, AttributeError) as exc:
+                raise SettingsError(f"{where} names {item!r}, which cannot be imported: {exc}") from None
+        if not (isinstance(loaded, type) and issubclass(loaded, BaseException)):
+            raise SettingsError(f"{where} must contain exception classes (got {_describe(item)})")
+        classes.append(loaded)
+    return tuple(classes)
+
+
+def _factor(where: str, value: object) -> float:
+    factor = _number(where, value)
+    if factor <= 1.0:
+        raise SettingsError(f"{where} must be a number > 1 (got {_describe(value)})")
+    return factor
+
+
+def _check_bounds(where: str, config: BackoffConfig) -> BackoffConfig:
+    # A max below the (default) min is a request for short backoffs, not a
+    # contradiction worth stopping the crawl: the cap wins.
+    if config.min_delay > config.max_delay:
+        return replace(config, min_delay=config.max_delay)
+    return config
+
+
+def read_backoff(settings: BaseSettings) -> BackoffConfig:
+    """The crawl-wide backoff rules from the ``BACKOFF_*`` settings."""
+    codes = settings.get("BACKOFF_HTTP_CODES")
+    exceptions = settings.get("BACKOFF_EXCEPTIONS")
+    config = BackoffConfig(
+        http_codes=_http_codes(
+            "BACKOFF_HTTP_CODES", DEFAULT_HTTP_CODES if codes is None else codes
+        ),
+        exceptions=_exceptions(
+            "BACKOFF_EXCEPTIONS", DEFAULT_EXCEPTIONS if exceptions is None else exceptions
+        ),
+        delay_factor=_factor("BACKOFF_DELAY_FACTOR", settings.get("BACKOFF_DELAY_FACTOR", 2.0)),
+        max_delay=_number("BACKOFF_MAX_DELAY", settings.get("BACKOFF_MAX_DELAY", 300.0)),
+        min_delay=_number("BACKOFF_MIN_DELAY", settings.get("BACKOFF_MIN_DELAY", 1.0)),
+        jitter=parse_jitter("BACKOFF_JITTER", settings.get("BACKOFF_JITTER", 0.1)),
+        window=_number("BACKOFF_WINDOW", settings.get("BACKOFF_WINDOW", 60.0)),
+    )
+    return _check_bounds("BACKOFF_MIN_DELAY/BACKOFF_MAX_DELAY", config)
+
+
+def scope_backoff(default: BackoffConfig, where: str, entry: object) -> BackoffConfig:
+    """Apply a scope's ``"backoff"`` overrides to *default*; raise naming *where* on bad input."""
+    if not isinstance(entry, Mapping):
+        raise SettingsError(
+            f"{where} must be a dict with keys from {', '.join(sorted(BACKOFF_KEYS))} "
+            f"(got {_describe(entry)})"
+        )
+    changes: dict[str, Any] = {}
+    for key, value in entry.items():
+        if key not in BACKOFF_KEYS:
+            raise SettingsError(
+                f"{where} has an unknown key {key!r}{_closest(str(key), BACKOFF_KEYS)} "
+                f"(accepted keys: {', '.join(sorted(BACKOFF_KEYS))})"
+            )
+        item = f"{where}[{key!r}]"
+        if key == "http_codes":
+            changes[key] = _http_codes(item, value)
+        elif key == "exceptions":
+            changes[key] = _exceptions(item, value)
+        elif key == "delay_factor":
+            changes[key] = _factor(item, value)
+        elif key == "jitter":
+            changes[key] = parse_jitter(item, value)
+        else:
+            changes[key] = _number(item, value)
+    return _check_bounds(where, replace(default, **changes))
+
+
+def capped(delay: float, config: BackoffConfig) -> tuple[float, bool]:
+    """*delay* capped at ``max_delay``, and whether the cap bit."""
+    if math.isfinite(delay) and delay <= config.max_delay:
+        return delay, False
+    return config.max_delay, True

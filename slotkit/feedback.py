@@ -1,0 +1,138 @@
+"""Feeding the outcome of a download back into its scopes.
+
+The throttling manager says what a response or an exception means
+(:class:`~slotkit.manager.ScopeBackoff` per scope); this module applies it:
+
+* a server hint (``Retry-After``, ``RateLimit-Reset`` ...) becomes a hard hold,
+  capped at the scope's ``max_delay`` with one log line per capped episode;
+* a trigger advances the scope's backoff one step, except for a response to
+  a request dispatched before the scope's current step began: N requests in
+  flight answered 429 together are one signal, not N;
+* quota corrections go to ``reconcile_quota``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from slotkit.backoff import capped
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.http import Response
+    from twisted.internet.interfaces import IReactorTime
+
+    from slotkit.gate import Gate, Waiter
+    from slotkit.manager import ScopeBackoff
+    from slotkit.registry import Scope, ScopeRegistry
+    from slotkit.settings import ThrottlingSettings
+    from slotkit.stats import ThrottlingStats
+
+logger = logging.getLogger("slotkit")
+
+__all__ = ["Feedback", "current_request"]
+
+#: The request whose outcome is being judged. A manager that builds a new
+#: Response (the spec's "upstream status" recipe) loses ``response.request``;
+#: the default manager falls back to this.
+current_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
+    "slotkit_current_request", default=None
+)
+
+RATE_LIMITED = 429
+
+
+class Feedback:
+    """Applies :class:`~slotkit.manager.ScopeBackoff` records to live scopes."""
+
+    def __init__(
+        self,
+        config: ThrottlingSettings,
+        registry: ScopeRegistry,
+        gate: Gate,
+        clock: IReactorTime,
+        stats: ThrottlingStats,
+    ) -> None:
+        self._config = config
+        self._registry = registry
+        self._gate = gate
+        self._clock = clock
+        self._stats = stats
+
+    @contextlib.contextmanager
+    def evaluating(self, request: Request) -> Iterator[None]:
+        """Make *request* the :data:`current_request` while its outcome is judged."""
+        token = current_request.set(request)
+        try:
+            yield
+        finally:
+            current_request.reset(token)
+
+    def apply(self, ticket: Waiter, backoff: Mapping[str, ScopeBackoff] | None, reason: str) -> None:
+        """Apply *backoff* (what the manager made of an outcome) to the scopes it names."""
+        if not backoff:
+            return
+        now = self._clock.seconds()
+        for scope_id, record in backoff.items():
+            scope = self._registry.get(scope_id)
+            changed = False
+            if record.delay is not None and record.delay > 0:
+                self._hold(scope, record.delay, now)
+                changed = True
+            if record.trigger:
+                changed |= self._trigger(scope, ticket, now, reason, hinted=record.delay is not None)
+            if record.consumed is not None or record.remaining is not None:
+                scope.manager.reconcile_quota(record.consumed, record.remaining, now)
+                changed = True
+            if changed:
+                self._gate.poke(scope)
+
+    def _hold(self, scope: Scope, delay: float, now: float) -> None:
+        config = self._config.backoff_config(scope.id)
+        delay, was_capped = capped(delay, config)
+        self._stats.inc("backoff/header_hints")
+        if was_capped:
+            self._stats.inc("backoff/capped")
+            if not scope.capped_logged:
+                scope.capped_logged = True
+                logger.info(
+                    "slotkit: scope %r was asked to wait longer than its max_delay; "
+                    "waiting %.1fs (BACKOFF_MAX_DELAY or the scope's backoff max_delay)",
+                    scope.id,
+                    delay,
+                )
+        scope.manager.record_backoff(delay, now)
+        scope.step_started_at = now
+
+    def _trigger(self, scope: Scope, ticket: Waiter, now: float, reason: str, *, hinted: bool) -> bool:
+        self._stats.inc(f"backoff/triggers/{reason}")
+        if hinted:
+            return False  # the hint already held the scope: a hard minimum, not a step
+        if ticket.sent_at < scope.step_started_at:
+            self._stats.inc("backoff/deduplicated")
+            return False
+        scope.manager.record_backoff(None, now)
+        scope.step_started_at = now
+        scope.capped_logged = False
+        self._stats.inc("backoff/steps")
+        if self._config.debug:
+            logger.debug("slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager)
+        return True
+
+    def is_signal(self, response: Response, backoff: Mapping[str, ScopeBackoff] | None) -> bool:
+        """Whether *response* asks the client to slow down and come back.
+
+        A 429, or an error response that carried a wait hint. Such responses
+        are what slotkit re-sends instead of handing on (see :mod:`slotkit.resend`).
+        """
+        if response.status == RATE_LIMITED:
+            return True
+        if response.status < 400 or not backoff:
+            return False
+        return any(record.delay is not None for record in backoff.values())
+
+

@@ -1,0 +1,91 @@
+"""Rampup: probe for the fastest rate a scope tolerates.
+
+Time is cut into ``window``-second windows (``BACKOFF_WINDOW``). At the end
+of each window in which the scope sent something:
+
+* fewer backoff triggers than the target's low end → one step up: lower the
+  delay by ``delay_factor`` down to ``min_delay``; once there, raise the
+  concurrency by one up to the configured maximum;
+* within the target → hold;
+* above it → nothing here: the triggers themselves already backed off.
+
+No step is taken while the scope is backing off. The arithmetic is pure:
+:meth:`Rampup.settle` is told the time and reports what changed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Rampup", "RampupConfig", "RampupStep"]
+
+
+@dataclass(frozen=True, slots=True)
+class RampupConfig:
+    """Rampup settings of one scope (``"rampup"`` in ``THROTTLING_SCOPES``)."""
+
+    target: tuple[int, int] = (1, 1)
+    delay_factor: float = 0.5
+    min_delay: float = 0.0
+    window: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RampupStep:
+    """What one window decided: the new delay and concurrency (unchanged if held)."""
+
+    delay: float
+    concurrency: int
+    changed: bool
+
+
+class Rampup:
+    """Counts triggers per window and decides steps."""
+
+    __slots__ = ("config", "window_end", "triggers", "sent", "steps")
+
+    def __init__(self, config: RampupConfig) -> None:
+        self.config = config
+        self.window_end = math.inf  # starts with the first dispatch
+        self.triggers = 0
+        self.sent = 0
+        self.steps = 0
+
+    def record_sent(self, now: float) -> None:
+        if self.window_end == math.inf and self.config.window > 0:
+            self.window_end = now + self.config.window
+        self.sent += 1
+
+    def record_trigger(self) -> None:
+        self.triggers += 1
+
+    def settle(
+        self,
+        now: float,
+        delay: float,
+        concurrency: int,
+        max_concurrency: int,
+        backing_off: bool,
+    ) -> RampupStep:
+        """Close every window that ended by *now*; return the resulting rate."""
+        config = self.config
+        changed = False
+        while now >= self.window_end:
+            quiet = self.triggers < config.target[0]
+            if quiet and self.sent and not backing_off:
+                if delay > config.min_delay:
+                    delay = max(config.min_delay, delay * config.delay_factor)
+                    changed = True
+                elif concurrency < max_concurrency:
+                    concurrency += 1
+                    changed = True
+                self.steps += changed
+            self.triggers = 0
+            self.sent = 0
+            self.window_end += config.window
+            if now >= self.window_end:
+                # Idle windows teach nothing: skip them in one go.
+                idle = math.floor((now - self.window_end) / config.window) + 1
+                self.window_end += idle * config.window
+        return RampupStep(delay, concurrency, changed)
