@@ -1,0 +1,43 @@
+"""Shared pytest configuration for slotkit's test suite.
+
+Sections (append new fixtures under the matching heading, keep imports at the top):
+
+1. Hypothesis profiles.
+2. Fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import settings
+
+# --------------------------------------------------------------------------- 1. Hypothesis profiles
+#
+# Select one with HYPOTHESIS_PROFILE=<name>. Without it, CI (the CI environment variable is set)
+# gets the thorough "ci" profile and a developer's machine the quick "default" one.
+# Deadlines are off in "ci" and "long": a loaded CI machine makes timings meaningless.
+
+settings.register_profile("default", max_examples=100)
+settings.register_profile("ci", max_examples=1000, deadline=None, print_blob=True)
+settings.register_profile("long", max_examples=10_000, deadline=None, print_blob=True)
+
+_CI = os.environ.get("CI", "").strip().lower() not in {"", "0", "false", "no"}
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _CI else "default"))
+
+# --------------------------------------------------------------------------- 2. Fixtures
+
+from collections.abc import AsyncIterator  # noqa: E402
+
+import pytest_twisted  # noqa: E402
+
+from tests.server import MockSite  # noqa: E402
+
+
+@pytest_twisted.async_yield_fixture
+async def mock_site() -> AsyncIterator[MockSite]:
+    """A running loopback site on 127.0.0.1-4 (one port), stopped after the test."""
+    site = MockSite()
+    await site.start()
+    yield site
+    await site.stop()
