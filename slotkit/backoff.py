@@ -79,7 +79,9 @@ def _exceptions(where: str, value: object) -> tuple[type[BaseException], ...]:
             try:
                 loaded = load_object(item)
             except (ImportError, NameError, ValueError, AttributeError) as exc:
-                raise SettingsError(f"{where} names {item!r}, which cannot be imported: {exc}") from None
+                raise SettingsError(
+                    f"{where} names {item!r}, which cannot be imported: {exc}"
+                ) from None
         if not (isinstance(loaded, type) and issubclass(loaded, BaseException)):
             raise SettingsError(f"{where} must contain exception classes (got {_describe(item)})")
         classes.append(loaded)

@@ -24,7 +24,14 @@ __all__ = ["AsyncioClock", "default_clock"]
 class _LoopCall:
     """An ``IDelayedCall`` backed by an :class:`asyncio.TimerHandle`."""
 
-    def __init__(self, clock: AsyncioClock, when: float, func: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        clock: AsyncioClock,
+        when: float,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kw: dict[str, Any],
+    ) -> None:
         self._clock = clock
         self._func, self._args, self._kw = func, args, kw
         self._when = when
@@ -74,7 +81,9 @@ class AsyncioClock:
     def seconds(self) -> float:
         return self.loop.time()
 
-    def callLater(self, delay: float, callable: Callable[..., Any], *args: Any, **kw: Any) -> _LoopCall:  # noqa: N802, A002
+    def callLater(
+        self, delay: float, callable: Callable[..., Any], *args: Any, **kw: Any
+    ) -> _LoopCall:  # noqa: N802, A002
         call = _LoopCall(self, self.seconds() + max(0.0, delay), callable, args, kw)
         self._live.add(call)
         return call
@@ -92,7 +101,7 @@ def default_clock() -> IReactorTime:
     if "twisted.internet.reactor" in sys.modules:
         from twisted.internet import reactor
 
-        return reactor  # type: ignore[return-value]
+        return reactor
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

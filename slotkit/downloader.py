@@ -61,7 +61,9 @@ class Downloader:
         check_scope_manager_class("THROTTLING_SCOPE_MANAGER", self.config.scope_manager)
         for scope_id, entry in self.config.scopes.items():
             if "manager" in entry:
-                check_scope_manager_class(f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"])
+                check_scope_manager_class(
+                    f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"]
+                )
         self.manager = build_manager(crawler, self.config.manager)
         if hasattr(self.manager, "attach"):
             self.manager.attach(self)
@@ -134,15 +136,28 @@ class Downloader:
 
     # Slot compatibility
 
+    def _sync_scopes_of(self, request: Request) -> dict[str, float | None]:
+        """The scopes of *request* when ``get_scopes`` answers without awaiting, else ``{}``."""
+        if not self._sync_scopes:
+            return {}
+        try:
+            raw = self._get_scopes(request)
+        except Exception:
+            return {}
+        if inspect.isawaitable(raw):
+            if inspect.iscoroutine(raw):
+                raw.close()  # asked synchronously; the downloader will await it later
+            return {}
+        try:
+            return normalize_scopes(raw)
+        except TypeError:
+            return {}
+
     def get_slot_key(self, request: Request) -> str:
         """The primary scope of *request*, as Scrapy's ``download_slot`` key."""
-        if self._sync_scopes:
-            try:
-                scopes = normalize_scopes(self._get_scopes(request))
-            except Exception:
-                scopes = {}
-            if scopes:
-                return next(iter(scopes))
+        scopes = self._sync_scopes_of(request)
+        if scopes:
+            return next(iter(scopes))
         meta = request.meta
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT):
@@ -201,7 +216,7 @@ class Downloader:
            reached once, downloaded per transfer, left once.
         """
         scopes_amounts = await self._scopes_of(request)
-        scopes = [self.registry.get(scope_id) for scope_id in scopes_amounts]
+        scopes = self.registry.scopes_for(scopes_amounts)
         amounts = list(scopes_amounts.values())
         meta = request.meta
         if scopes and meta.get(DOWNLOAD_SLOT, meta.get(AUTO_SLOT)) == meta.get(AUTO_SLOT):
@@ -255,6 +270,10 @@ class Downloader:
                 backoff = await _resolved(self.manager.get_exception_backoff(request, exc))
                 self.backoff.apply(ticket, backoff, reason=type(exc).__name__)
                 raise
+            if response.request is None:
+                # The engine sets this later anyway; managers judging the
+                # response (get_response_backoff) need it now.
+                response.request = request
             self.signals.send_catch_log(
                 signal=signals.response_downloaded,
                 response=response,
@@ -276,10 +295,7 @@ class Downloader:
         defaults) are considered; scopes not alive yet count as free. Creates
         no scope and changes no state.
         """
-        try:
-            scopes = normalize_scopes(self._get_scopes(request)) if self._sync_scopes else {}
-        except Exception:
-            scopes = {}
+        scopes = self._sync_scopes_of(request)
         if not scopes:
             scopes = {self.get_slot_key(request): None}
         now = self._clock.seconds()
@@ -343,4 +359,3 @@ def _request_delay(request: Request) -> float:
 
 def _fields(config: Any) -> dict[str, Any]:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
-

@@ -72,7 +72,9 @@ class Feedback:
         finally:
             current_request.reset(token)
 
-    def apply(self, ticket: Waiter, backoff: Mapping[str, ScopeBackoff] | None, reason: str) -> None:
+    def apply(
+        self, ticket: Waiter, backoff: Mapping[str, ScopeBackoff] | None, reason: str
+    ) -> None:
         """Apply *backoff* (what the manager made of an outcome) to the scopes it names."""
         if not backoff:
             return
@@ -84,7 +86,9 @@ class Feedback:
                 self._hold(scope, record.delay, now)
                 changed = True
             if record.trigger:
-                changed |= self._trigger(scope, ticket, now, reason, hinted=record.delay is not None)
+                changed |= self._trigger(
+                    scope, ticket, now, reason, hinted=record.delay is not None
+                )
             if record.consumed is not None or record.remaining is not None:
                 scope.manager.reconcile_quota(record.consumed, record.remaining, now)
                 changed = True
@@ -108,7 +112,9 @@ class Feedback:
         scope.manager.record_backoff(delay, now)
         scope.step_started_at = now
 
-    def _trigger(self, scope: Scope, ticket: Waiter, now: float, reason: str, *, hinted: bool) -> bool:
+    def _trigger(
+        self, scope: Scope, ticket: Waiter, now: float, reason: str, *, hinted: bool
+    ) -> bool:
         self._stats.inc(f"backoff/triggers/{reason}")
         if hinted:
             return False  # the hint already held the scope: a hard minimum, not a step
@@ -120,7 +126,9 @@ class Feedback:
         scope.capped_logged = False
         self._stats.inc("backoff/steps")
         if self._config.debug:
-            logger.debug("slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager)
+            logger.debug(
+                "slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager
+            )
         return True
 
     def is_signal(self, response: Response, backoff: Mapping[str, ScopeBackoff] | None) -> bool:
@@ -134,5 +142,3 @@ class Feedback:
         if response.status < 400 or not backoff:
             return False
         return any(record.delay is not None for record in backoff.values())
-
-

@@ -15,7 +15,14 @@ drive with :class:`twisted.internet.task.Clock`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from zope.interface import Attribute, Interface
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
 
 __all__ = ["IThrottlingManager", "IThrottlingScopeManager"]
 
@@ -31,14 +38,14 @@ class IThrottlingScopeManager(Interface):
     methods below, so an implementation never needs a timer of its own.
     """
 
-    def from_crawler(crawler: object, config: object) -> IThrottlingScopeManager:  # type: ignore[misc]
+    def from_crawler(crawler: Crawler, config: Any) -> IThrottlingScopeManager:
         """Build a scope manager (a class method).
 
         *config* is the scope's entry of ``THROTTLING_SCOPES`` merged with
         the defaults that apply to the scope, as a dict.
         """
 
-    def can_send(now: float, amount: float | None) -> float:  # type: ignore[misc]
+    def can_send(now: float, amount: float | None) -> float:
         """Return how many seconds to wait before a request may be sent.
 
         ``0.0`` means "now". A positive finite number is a time-based wait
@@ -49,13 +56,13 @@ class IThrottlingScopeManager(Interface):
         would consume (``None`` when the request did not say).
         """
 
-    def record_sent(now: float, amount: float | None) -> None:  # type: ignore[misc]
+    def record_sent(now: float, amount: float | None) -> None:
         """Record that a request of this scope was dispatched at *now*."""
 
-    def record_done(now: float) -> None:  # type: ignore[misc]
+    def record_done(now: float) -> None:
         """Record that a dispatched request of this scope has finished."""
 
-    def record_backoff(delay: float | None, now: float) -> None:  # type: ignore[misc]
+    def record_backoff(delay: float | None, now: float) -> None:
         """Record a backoff trigger (a rate-limit response or a failure).
 
         With *delay* ``None`` the scope slows down by its own policy (one
@@ -64,22 +71,20 @@ class IThrottlingScopeManager(Interface):
         hard hold that is never shortened by a later, smaller value.
         """
 
-    def reconcile_quota(  # type: ignore[misc]
-        consumed: float | None, remaining: float | None, now: float
-    ) -> None:
+    def reconcile_quota(consumed: float | None, remaining: float | None, now: float) -> None:
         """Correct the quota used in the current window.
 
         *consumed* adds to (or, when negative, subtracts from) what was
         recorded; *remaining* says how much the server reports is left.
         """
 
-    def set_base_delay(delay: float) -> None:  # type: ignore[misc]
+    def set_base_delay(delay: float) -> None:
         """Change the configured delay of the scope at run time."""
 
-    def set_concurrency(concurrency: int) -> None:  # type: ignore[misc]
+    def set_concurrency(concurrency: int) -> None:
         """Change the concurrency limit of the scope at run time."""
 
-    def is_idle(now: float, max_idle: float) -> bool:  # type: ignore[misc]
+    def is_idle(now: float, max_idle: float) -> bool:
         """Whether the scope's state may be forgotten.
 
         True only when nothing is in flight, no delay, hold or backoff is
@@ -92,7 +97,7 @@ class IThrottlingScopeManager(Interface):
 class IThrottlingManager(Interface):
     """Maps requests to scopes and outcomes to scope updates (``THROTTLING_MANAGER``)."""
 
-    def get_scopes(request: object) -> object:  # type: ignore[misc]
+    def get_scopes(request: Request) -> Any:
         """Return the scopes of *request*.
 
         The result (or, for a coroutine or Deferred, what it resolves to) is
@@ -100,17 +105,17 @@ class IThrottlingManager(Interface):
         mapping scope ids to the quota amount the request consumes.
         """
 
-    def get_response_backoff(response: object) -> object:  # type: ignore[misc]
+    def get_response_backoff(response: Response) -> Any:
         """Return what *response* says about the scopes of its request.
 
         ``None`` when it says nothing; otherwise a dict mapping scope ids to
         :class:`slotkit.ScopeBackoff` records. May be a coroutine.
         """
 
-    def get_exception_backoff(request: object, exception: BaseException) -> object:  # type: ignore[misc]
+    def get_exception_backoff(request: Request, exception: BaseException) -> Any:
         """Like :meth:`get_response_backoff`, for a download that raised *exception*."""
 
-    def delay_scope(scope: str, seconds: float) -> None:  # type: ignore[misc]
+    def delay_scope(scope: str, seconds: float) -> None:
         """Hold every request of *scope* for at least *seconds* from now.
 
         Counts as a backoff trigger and is not capped by ``BACKOFF_MAX_DELAY``.

@@ -9,6 +9,7 @@ group requests differently; the helpers :func:`scope_cache`,
 from __future__ import annotations
 
 import functools
+import inspect
 import ipaddress
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -89,8 +90,12 @@ def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str
         for key, amount in scopes.items():
             if not isinstance(key, str):
                 raise TypeError(f"{where} returned a non-string scope id {key!r}")
-            if amount is not None and (isinstance(amount, bool) or not isinstance(amount, (int, float))):
-                raise TypeError(f"{where} gave scope {key!r} the amount {amount!r}; expected a number")
+            if amount is not None and (
+                isinstance(amount, bool) or not isinstance(amount, (int, float))
+            ):
+                raise TypeError(
+                    f"{where} gave scope {key!r} the amount {amount!r}; expected a number"
+                )
             result[key] = None if amount is None else float(amount)
         return result
     if isinstance(scopes, Iterable):
@@ -134,6 +139,20 @@ def scope_cache(
     """
     cache: WeakKeyDictionary[Request, Any] = WeakKeyDictionary()
 
+    if inspect.iscoroutinefunction(method):
+        # Stay a coroutine function, so callers can tell it must be awaited.
+        @functools.wraps(method)
+        async def async_wrapper(self: _M, request: Request) -> Any:
+            try:
+                return cache[request]
+            except KeyError:
+                pass
+            value = await method(self, request)
+            cache[request] = value
+            return value
+
+        return async_wrapper
+
     @functools.wraps(method)
     def wrapper(self: _M, request: Request) -> Awaitable[_R] | _R:
         try:
@@ -149,7 +168,9 @@ def scope_cache(
     return wrapper
 
 
-async def _cache_awaited(cache: WeakKeyDictionary[Any, Any], request: Any, pending: Awaitable[Any]) -> Any:
+async def _cache_awaited(
+    cache: WeakKeyDictionary[Any, Any], request: Any, pending: Awaitable[Any]
+) -> Any:
     value = await pending
     cache[request] = _Ready(value)
     return value

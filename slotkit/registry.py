@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ class Scope:
         "id",
         "in_flight",
         "kind",
+        "last_used",
         "live_waiters",
         "manager",
         "requests",
@@ -46,7 +47,9 @@ class Scope:
         "waiters",
     )
 
-    def __init__(self, scope_id: str, manager: IThrottlingScopeManager, kind: str = "custom") -> None:
+    def __init__(
+        self, scope_id: str, manager: IThrottlingScopeManager, kind: str = "custom"
+    ) -> None:
         self.id = scope_id
         self.manager = manager
         self.kind = kind
@@ -63,6 +66,8 @@ class Scope:
         #: When the current backoff step (or hold) began; responses to requests
         #: dispatched earlier do not advance the backoff again.
         self.step_started_at = -math.inf
+        #: When a request last asked for this scope (set by the registry).
+        self.last_used = -math.inf
         #: Whether "hint capped" was logged in the current backoff episode.
         self.capped_logged = False
         #: A request of this scope hit the re-send bound (see :mod:`slotkit.resend`).
@@ -107,31 +112,52 @@ class ScopeRegistry:
 
     def get(self, scope_id: str) -> Scope:
         """Return the live scope *scope_id*, creating it (and evicting others) if needed."""
-        scope = self._scopes.get(scope_id)
-        if scope is not None:
-            self._scopes.move_to_end(scope_id)
-            return scope
-        scope = self._factory(scope_id)
-        self._scopes[scope_id] = scope
-        self._evict()
-        return scope
+        return self.scopes_for((scope_id,))[0]
+
+    def scopes_for(self, scope_ids: Iterable[str]) -> list[Scope]:
+        """The live scopes of one request, created as needed, marked as just used.
+
+        Eviction runs after all of them exist, and never picks one of them:
+        a scope created for this request must not be dropped for being idle
+        before the request has even reached the gate.
+        """
+        now = self._clock.seconds()
+        scopes = []
+        created = False
+        for scope_id in scope_ids:
+            scope = self._scopes.get(scope_id)
+            if scope is None:
+                scope = self._factory(scope_id)
+                self._scopes[scope_id] = scope
+                created = True
+            else:
+                self._scopes.move_to_end(scope_id)
+            scope.last_used = now
+            scopes.append(scope)
+        if created:
+            self._evict(now, protected=len(scopes))
+        return scopes
 
     def peek(self, scope_id: str) -> Scope | None:
         """Return the live scope *scope_id* without creating or touching it."""
         return self._scopes.get(scope_id)
 
     def _evictable(self, scope: Scope, now: float, max_idle: float) -> bool:
-        return not scope.is_busy() and scope.manager.is_idle(now, max_idle)
+        return (
+            not scope.is_busy()
+            and now - scope.last_used >= max_idle
+            and scope.manager.is_idle(now, max_idle)
+        )
 
-    def _evict(self) -> None:
+    def _evict(self, now: float, protected: int) -> None:
         """Drop scopes from the old end: over the limit any idle one, else the long-idle ones.
 
-        The newest scope (just created) is never a candidate. At most
-        :data:`EVICTION_SCAN` candidates are examined; busy ones are moved to
-        the young end, since their activity makes them recent anyway.
+        The *protected* youngest scopes (the ones just asked for) are never
+        candidates. At most :data:`EVICTION_SCAN` candidates are examined;
+        busy ones are moved to the young end, since their activity makes them
+        recent anyway.
         """
-        now = self._clock.seconds()
-        for _ in range(min(EVICTION_SCAN, len(self._scopes) - 1)):
+        for _ in range(min(EVICTION_SCAN, len(self._scopes) - protected)):
             over_limit = 0 < self.limit < len(self._scopes)
             if not over_limit and not self.max_idle:
                 return

@@ -21,8 +21,7 @@ from slotkit.rampup import Rampup, RampupConfig
 from slotkit.validation import NO_JITTER, Jitter, parse_jitter
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
+    from scrapy.crawler import Crawler
     from typing_extensions import Self
 
 __all__ = ["ThrottlingScopeManager"]
@@ -89,8 +88,8 @@ class ThrottlingScopeManager:
         self.recoveries = 0
 
     @classmethod
-    def from_crawler(cls, crawler: Any, config: Mapping[str, Any]) -> Self:
-        """Build the manager from a scope config dict (see :class:`~slotkit.settings.ScopeConfig`)."""
+    def from_crawler(cls, crawler: Crawler, config: Any) -> Self:
+        """Build the manager from a scope config dict (:meth:`ScopeConfig.as_dict`)."""
         return cls(
             concurrency=int(config.get("concurrency", 1)),
             delay=float(config.get("delay", 0.0)),
@@ -193,7 +192,11 @@ class ThrottlingScopeManager:
         self._recover(now)
         if self.rampup is not None and now >= self.rampup.window_end:
             step = self.rampup.settle(
-                now, self.delay, self.concurrency, self.max_concurrency, self.backoff_delay is not None
+                now,
+                self.delay,
+                self.concurrency,
+                self.max_concurrency,
+                self.backoff_delay is not None,
             )
             self.delay, self.concurrency = step.delay, step.concurrency
 
@@ -226,7 +229,9 @@ class ThrottlingScopeManager:
     def next_allowed(self) -> float:
         """The earliest time the next dispatch may happen (delay, backoff and hold)."""
         gap_end = (
-            -math.inf if self.last_sent is None else self.last_sent + self.current_delay * self._factor
+            -math.inf
+            if self.last_sent is None
+            else self.last_sent + self.current_delay * self._factor
         )
         return max(gap_end, self.hold_until)
 

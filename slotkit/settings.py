@@ -62,6 +62,7 @@ RAMPUP_KEYS = frozenset({"backoff_target", "delay_factor", "min_delay"})
 #: ``DOWNLOAD_SLOTS`` keys Scrapy 2.19 understands.
 SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
 
+
 def _positive(where: str, value: object) -> float:
     number = _number(where, value)
     if number <= 0:
@@ -142,8 +143,8 @@ def _validate_scope_entry(setting: str, scope: object, entry: object) -> dict[st
     for key, value in entry.items():
         if key in RESERVED_SCOPE_KEYS:
             raise SettingsError(
-                f"{where}[{key!r}] is not supported by this version of slotkit yet; "
-                f"accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
+                f"{where}[{key!r}] is not supported by this version of slotkit yet "
+                f"(got {_describe(value)}); accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
             )
         if key not in SCOPE_KEYS:
             raise SettingsError(
@@ -165,11 +166,15 @@ def _validate_scope_entry(setting: str, scope: object, entry: object) -> dict[st
         elif key == "quota":
             result[key] = _number(f"{where}['quota']", value)
             if result[key] <= 0:
-                raise SettingsError(f"{where}['quota'] must be a number > 0 (got {_describe(value)})")
+                raise SettingsError(
+                    f"{where}['quota'] must be a number > 0 (got {_describe(value)})"
+                )
         elif key == "window":
             result[key] = _number(f"{where}['window']", value)
             if result[key] <= 0:
-                raise SettingsError(f"{where}['window'] must be a number > 0 (got {_describe(value)})")
+                raise SettingsError(
+                    f"{where}['window'] must be a number > 0 (got {_describe(value)})"
+                )
         elif key == "rampup":
             result[key] = _rampup_entry(f"{where}['rampup']", value)
     if result.get("min_concurrency", 1) > result.get("concurrency", math.inf):
@@ -184,7 +189,9 @@ def parse_target(where: str, value: object) -> tuple[int, int]:
     """A rampup backoff target: an int, or a ``[low, high]`` range."""
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
-            raise SettingsError(f"{where} must be an integer or a [low, high] pair (got {_describe(value)})")
+            raise SettingsError(
+                f"{where} must be an integer or a [low, high] pair (got {_describe(value)})"
+            )
         low = _integer(f"{where}[0]", value[0], minimum=0)
         high = _integer(f"{where}[1]", value[1], minimum=low)
         return (low, high)
@@ -257,7 +264,9 @@ def _default_jitter(settings: BaseSettings) -> Jitter:
     randomize_priority = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
     jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
     if randomize_priority > default_priority and randomize_priority > jitter_priority:
-        return parse_jitter("RANDOMIZE_DOWNLOAD_DELAY", settings.getbool("RANDOMIZE_DOWNLOAD_DELAY"))
+        return parse_jitter(
+            "RANDOMIZE_DOWNLOAD_DELAY", settings.getbool("RANDOMIZE_DOWNLOAD_DELAY")
+        )
     return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
 
 
@@ -312,7 +321,9 @@ class ThrottlingSettings:
         scope_manager = settings.get("THROTTLING_SCOPE_MANAGER")
         backoff = read_backoff(settings)
         scope_backoffs = {
-            scope: scope_backoff(backoff, f"THROTTLING_SCOPES[{scope!r}]['backoff']", entry["backoff"])
+            scope: scope_backoff(
+                backoff, f"THROTTLING_SCOPES[{scope!r}]['backoff']", entry["backoff"]
+            )
             for scope, entry in scopes.items()
             if "backoff" in entry
         }
@@ -333,7 +344,9 @@ class ThrottlingSettings:
                 minimum=1,
             ),
             ip_concurrency=_integer(
-                "CONCURRENT_REQUESTS_PER_IP", settings.get("CONCURRENT_REQUESTS_PER_IP", 0), minimum=0
+                "CONCURRENT_REQUESTS_PER_IP",
+                settings.get("CONCURRENT_REQUESTS_PER_IP", 0),
+                minimum=0,
             ),
             scope_concurrency=_integer(
                 "THROTTLING_SCOPE_CONCURRENCY",

@@ -26,7 +26,7 @@ class ThrottlingStats:
 
     def inc(self, name: str, count: float = 1) -> None:
         if self._stats is not None:
-            self._stats.inc_value(PREFIX + name, count)
+            self._stats.inc_value(PREFIX + name, count)  # type: ignore[arg-type]  # floats sum fine
 
     def set(self, name: str, value: float) -> None:
         if self._stats is not None:

@@ -6,6 +6,7 @@ value came from, what arrived and what is accepted.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 
@@ -51,10 +52,8 @@ def _integer(where: str, value: object, *, minimum: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             value = int(value)
-        except ValueError:
-            pass
     if not isinstance(value, int) or value < minimum:
         raise SettingsError(f"{where} must be an integer >= {minimum} (got {_describe(value)})")
     return value
@@ -80,5 +79,3 @@ def parse_jitter(where: str, value: object) -> Jitter:
         return (low, high)
     magnitude = _number(where, value)
     return (-magnitude, magnitude)
-
-

@@ -1,0 +1,217 @@
+"""The backoff curve, its settings and the feedback rules, on a fake clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scrapy.settings import Settings
+
+from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
+from slotkit.policy import next_backoff, recover
+from slotkit.scope import ThrottlingScopeManager
+from slotkit.settings import SettingsError, ThrottlingSettings
+
+WINDOW = 60.0
+NO_JITTER = BackoffConfig(jitter=(0.0, 0.0), window=WINDOW)
+
+
+def make_scope(delay: float = 0.0, backoff: BackoffConfig = NO_JITTER) -> ThrottlingScopeManager:
+    return ThrottlingScopeManager(concurrency=4, delay=delay, backoff=backoff)
+
+
+def test_next_backoff_doubles_within_floor_and_cap() -> None:
+    """One step multiplies by the factor, floored at min_delay and capped at max_delay."""
+    assert next_backoff(current=2.0, factor=2.0, floor=1.0, cap=300.0) == 4.0
+    assert next_backoff(current=0.0, factor=2.0, floor=1.0, cap=300.0) == 1.0
+    assert next_backoff(current=200.0, factor=2.0, floor=1.0, cap=300.0) == 300.0
+
+
+def test_recover_steps_down_then_ends() -> None:
+    """Recovery divides by the factor and ends below the floor or at the base delay."""
+    assert recover(current=8.0, factor=2.0, floor=1.0, base=0.0) == 4.0
+    assert recover(current=1.0, factor=2.0, floor=1.0, base=0.0) is None
+    assert recover(current=4.0, factor=2.0, floor=1.0, base=2.0) is None
+
+
+def test_trigger_curve_follows_the_table() -> None:
+    """Successive triggers give 1, 2, 4, 8 seconds with the defaults."""
+    scope = make_scope()
+    seen = []
+    for step in range(4):
+        scope.record_backoff(None, now=float(step))
+        seen.append(scope.backoff_delay)
+    assert seen == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_recovery_one_step_per_quiet_window() -> None:
+    """Each quiet window drops the delay one factor step until the configured delay is back."""
+    scope = make_scope()
+    for step in range(3):
+        scope.record_backoff(None, now=0.0 + step * 0.001)
+    assert scope.backoff_delay == 4.0
+    scope.can_send(WINDOW + 0.01)
+    assert scope.backoff_delay == 2.0
+    scope.can_send(2 * WINDOW + 0.01)
+    assert scope.backoff_delay == 1.0
+    scope.can_send(3 * WINDOW + 0.01)
+    assert scope.backoff_delay is None
+    assert scope.recoveries == 3
+
+
+def test_new_trigger_restarts_the_countdown() -> None:
+    """A trigger during recovery pushes the next recovery a full window away."""
+    scope = make_scope()
+    scope.record_backoff(None, now=0.0)
+    scope.record_backoff(None, now=WINDOW - 1)
+    scope.can_send(WINDOW + 1)
+    assert scope.backoff_delay == 2.0
+    scope.can_send(2 * WINDOW)
+    assert scope.backoff_delay == 1.0
+
+
+def test_backoff_starts_from_the_configured_delay() -> None:
+    """A scope with delay 3 backs off to 6, and recovers back to 3."""
+    scope = make_scope(delay=3.0)
+    scope.record_backoff(None, now=0.0)
+    assert scope.current_delay == 6.0
+    scope.can_send(WINDOW + 1)
+    assert scope.backoff_delay is None
+    assert scope.current_delay == 3.0
+
+
+def test_gap_uses_backoff_delay() -> None:
+    """During backoff the gap between dispatches is the backoff delay."""
+    scope = make_scope()
+    scope.record_sent(0.0)
+    scope.record_done(0.1)
+    scope.record_backoff(None, now=0.1)
+    assert scope.can_send(0.1) == pytest.approx(0.9)
+    assert scope.can_send(1.0) == 0.0
+
+
+def test_wait_never_passes_the_next_recovery() -> None:
+    """A long backoff gap is re-asked at the recovery time, which may shorten it."""
+    config = BackoffConfig(jitter=(0.0, 0.0), window=10.0, min_delay=100.0, max_delay=300.0)
+    scope = make_scope(backoff=config)
+    scope.record_sent(0.0)
+    scope.record_backoff(None, now=0.0)
+    scope.record_backoff(None, now=0.0)
+    assert scope.backoff_delay == 200.0
+    assert scope.can_send(1.0) == pytest.approx(9.0)
+    # After the recovery at 10 s the delay is 100 s: the gap ends at 100 s, recovery
+    # to the base delay at 20 s comes first.
+    assert scope.can_send(10.0) == pytest.approx(10.0)
+
+
+def test_hint_holds_without_stepping() -> None:
+    """A hint is a hard minimum: it holds the scope but does not grow the delay."""
+    scope = make_scope()
+    scope.record_backoff(5.0, now=0.0)
+    assert scope.backoff_delay is None
+    assert scope.can_send(1.0) == pytest.approx(4.0)
+    scope.record_backoff(1.0, now=2.0)  # shorter: never shortens the hold
+    assert scope.can_send(2.0) == pytest.approx(3.0)
+
+
+def test_backing_off_scope_is_never_idle() -> None:
+    """Eviction must not forget a scope in backoff."""
+    scope = make_scope()
+    scope.record_backoff(None, now=0.0)
+    assert not scope.is_idle(30.0, 0.0)
+    assert scope.is_idle(10 * WINDOW, 0.0)
+
+
+def test_window_zero_never_recovers() -> None:
+    """BACKOFF_WINDOW = 0 keeps the backoff until the crawl ends."""
+    scope = make_scope(backoff=BackoffConfig(jitter=(0.0, 0.0), window=0.0))
+    scope.record_backoff(None, now=0.0)
+    scope.can_send(1e9)
+    assert scope.backoff_delay == 1.0
+    assert scope.recovers_at == math.inf
+
+
+def test_global_settings_are_read() -> None:
+    """BACKOFF_* settings give the crawl-wide rules."""
+    config = read_backoff(
+        Settings(
+            {
+                "BACKOFF_HTTP_CODES": [429],
+                "BACKOFF_EXCEPTIONS": ["builtins.IOError"],
+                "BACKOFF_DELAY_FACTOR": 3,
+                "BACKOFF_MAX_DELAY": 60,
+                "BACKOFF_MIN_DELAY": 2,
+                "BACKOFF_JITTER": [0.0, 0.2],
+                "BACKOFF_WINDOW": 30,
+            }
+        )
+    )
+    assert config.http_codes == {429}
+    assert config.exceptions == (OSError,)
+    assert (config.delay_factor, config.max_delay, config.min_delay) == (3.0, 60.0, 2.0)
+    assert config.jitter == (0.0, 0.2)
+    assert config.window == 30.0
+
+
+def test_defaults_match_the_spec() -> None:
+    """Defaults: factor 2, max 300, min 1, jitter 0.1, window 60, the listed codes."""
+    config = read_backoff(Settings())
+    assert config.http_codes == {429, 502, 503, 504, 520, 521, 522, 523, 524}
+    assert [cls.__name__ for cls in config.exceptions] == [
+        "DownloadFailedError",
+        "DownloadTimeoutError",
+        "ResponseDataLossError",
+    ]
+    assert (config.delay_factor, config.max_delay, config.min_delay, config.window) == (
+        2.0,
+        300.0,
+        1.0,
+        60.0,
+    )
+    assert config.jitter == (-0.1, 0.1)
+
+
+def test_scope_overrides_fall_back_to_globals() -> None:
+    """A scope's backoff dict overrides only the keys it sets."""
+    base = read_backoff(Settings({"BACKOFF_MAX_DELAY": 100}))
+    config = scope_backoff(base, "x", {"http_codes": [429, 503], "delay_factor": 1.2})
+    assert config.http_codes == {429, 503}
+    assert config.delay_factor == 1.2
+    assert config.max_delay == 100.0
+
+
+def test_scope_backoff_reaches_the_scope_config() -> None:
+    """THROTTLING_SCOPES backoff dicts resolve per scope."""
+    settings = ThrottlingSettings.from_settings(
+        Settings({"THROTTLING_SCOPES": {"example.com": {"backoff": {"min_delay": 5.0}}}})
+    )
+    assert settings.scope_config("example.com", "domain").backoff.min_delay == 5.0
+    assert settings.scope_config("other.com", "domain").backoff.min_delay == 1.0
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"delay_factr": 2}, "did you mean 'delay_factor'"),
+        ({"delay_factor": 1.0}, "must be a number > 1"),
+        ({"http_codes": [99]}, "HTTP status codes from 100 to 599"),
+        ({"http_codes": "429"}, "list of HTTP status codes"),
+        ({"exceptions": ["no.such.Error"]}, "cannot be imported"),
+        ({"exceptions": ["builtins.len"]}, "must contain exception classes"),
+        ({"max_delay": -1}, "must be a number >= 0"),
+        ("fast", "must be a dict"),
+    ],
+)
+def test_bad_scope_backoff_is_refused(entry: object, message: str) -> None:
+    """Bad backoff entries fail at start naming the setting, the scope and the rule."""
+    with pytest.raises(SettingsError, match=message) as info:
+        ThrottlingSettings.from_settings(
+            Settings({"THROTTLING_SCOPES": {"api": {"backoff": entry}}})
+        )
+    assert "THROTTLING_SCOPES['api']['backoff']" in str(info.value)
+
+
+def test_bad_global_backoff_names_the_setting() -> None:
+    """A bad BACKOFF_* value names the setting."""
+    with pytest.raises(SettingsError, match="BACKOFF_WINDOW"):
+        ThrottlingSettings.from_settings(Settings({"BACKOFF_WINDOW": "soon"}))

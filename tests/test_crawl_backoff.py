@@ -1,0 +1,212 @@
+"""Backoff and rate-limit signals in real crawls on loopback."""
+
+from __future__ import annotations
+
+from email.utils import formatdate
+from itertools import pairwise
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy import Spider
+
+from tests.crawl import ListSpider, run_crawl
+from tests.server import MockSite, Reply, always, fail_first, random_failures
+
+pytestmark = pytest.mark.integration
+
+SLOTKIT: dict[str, Any] = {
+    "DOWNLOADER": "slotkit.Downloader",
+    "DOWNLOAD_DELAY_JITTER": 0,
+    "BACKOFF_JITTER": 0,
+}
+HOST, OTHER = "127.0.0.1", "127.0.0.2"
+SLACK = 0.02  # server-side arrival times carry a few ms of connection jitter
+
+
+def pages(site: MockSite, host: str, count: int, **query: Any) -> list[str]:
+    return [site.url(host, f"/page/{i}", **query) for i in range(count)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_burst_of_429s_is_one_backoff_step(mock_site: MockSite) -> None:
+    """Four in-flight requests answered 429 together advance the backoff once."""
+    mock_site.set_behaviour(HOST, fail_first(4, 429, delay=0.1))
+    settings = {**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 4, "BACKOFF_MIN_DELAY": 0.2}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4))
+    assert sorted(r.status for r in result.responses) == [200] * 4
+    assert result.stats["throttling/backoff/steps"] == 1
+    assert result.stats["throttling/backoff/deduplicated"] == 3
+    assert result.stats["throttling/backoff/resent"] == 4
+    arrivals = mock_site.recorder.arrivals(HOST)
+    # The re-sends are paced by the first backoff step (0.2 s), not 0.2 * 2**3.
+    resend_gaps = [b - a for a, b in pairwise(arrivals[4:])]
+    assert all(gap >= 0.2 - SLACK for gap in resend_gaps)
+    assert max(resend_gaps) < 0.4
+
+
+@pytest_twisted.ensureDeferred
+async def test_retry_after_seconds_is_a_hard_minimum(mock_site: MockSite) -> None:
+    """After `Retry-After: 1` nothing reaches the scope for 1 s, and then it resumes at once."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429, {"Retry-After": "1"}))
+    result = await run_crawl(ListSpider, SLOTKIT, urls=pages(mock_site, HOST, 1))
+    assert [r.status for r in result.responses] == [200]
+    first, second = mock_site.recorder.arrivals(HOST)
+    assert 1.0 - SLACK <= second - first <= 1.0 + 0.05 + 0.05
+    assert result.stats["throttling/backoff/header_hints"] == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_retry_after_http_date_is_honoured(mock_site: MockSite) -> None:
+    """An HTTP-date Retry-After is measured against the response's Date header."""
+    from twisted.internet import reactor
+
+    def behaviour(request: Any, n: int) -> Reply | None:
+        if n:
+            return None
+        now = reactor.seconds()
+        return Reply(
+            429,
+            {"Retry-After": formatdate(now + 2, usegmt=True), "Date": formatdate(now, usegmt=True)},
+        )
+
+    mock_site.set_behaviour(HOST, behaviour)
+    result = await run_crawl(ListSpider, SLOTKIT, urls=pages(mock_site, HOST, 1))
+    assert [r.status for r in result.responses] == [200]
+    first, second = mock_site.recorder.arrivals(HOST)
+    # Whole seconds on the wire: 2 s after the Date, which may be up to 1 s old.
+    assert 1.0 <= second - first <= 2.2
+
+
+@pytest_twisted.ensureDeferred
+async def test_hint_is_capped_at_max_delay(mock_site: MockSite) -> None:
+    """A Retry-After longer than BACKOFF_MAX_DELAY waits only the cap, logged once."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429, {"Retry-After": "3600"}))
+    settings = {**SLOTKIT, "BACKOFF_MAX_DELAY": 0.5}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    first, second = mock_site.recorder.arrivals(HOST)
+    assert 0.5 - SLACK <= second - first < 1.0
+    assert result.stats["throttling/backoff/capped"] == 1
+    assert "asked to wait longer than its max_delay" in result.log_text
+
+
+@pytest_twisted.ensureDeferred
+async def test_other_scopes_are_not_slowed(mock_site: MockSite) -> None:
+    """A backing-off host does not hold back a healthy one."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429, {"Retry-After": "1"}))
+    urls = pages(mock_site, HOST, 1) + pages(mock_site, OTHER, 5)
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
+    assert len(result.responses) == 6
+    healthy_last = mock_site.recorder.arrivals(OTHER)[-1]
+    throttled_second = mock_site.recorder.arrivals(HOST)[1]
+    assert healthy_last < throttled_second
+
+
+@pytest_twisted.ensureDeferred
+async def test_recovery_after_quiet_window(mock_site: MockSite) -> None:
+    """After one quiet BACKOFF_WINDOW the delay steps back toward its configured value."""
+    mock_site.set_behaviour(HOST, fail_first(1, 503))
+    settings = {
+        **SLOTKIT,
+        "BACKOFF_MIN_DELAY": 0.3,
+        "BACKOFF_WINDOW": 0.5,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "RETRY_ENABLED": True,
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 8))
+    arrivals = mock_site.recorder.arrivals(HOST)
+    gaps = [b - a for a, b in pairwise(arrivals)]
+    assert len(result.responses) == 8
+    assert gaps[0] >= 0.3 - SLACK  # backed off after the 503
+    assert min(gaps[-3:]) < 0.1  # recovered: back to no delay
+
+
+@pytest_twisted.ensureDeferred
+async def test_always_429_scope_ends_and_healthy_scope_finishes(mock_site: MockSite) -> None:
+    """A scope that never recovers stops at the stall bound; the other scope delivers every page."""
+    mock_site.set_behaviour(HOST, always(429))
+    settings = {
+        **SLOTKIT,
+        "BACKOFF_MIN_DELAY": 0.05,
+        "BACKOFF_MAX_DELAY": 0.1,
+        "BACKOFF_RESEND_TIMEOUT": 2.0,
+    }
+    urls = pages(mock_site, HOST, 10) + pages(mock_site, OTHER, 20)
+    result = await run_crawl(ListSpider, settings, urls=urls, crawl_timeout=30)
+    assert result.finish_reason == "finished"
+    assert mock_site.recorder.count(HOST) < 60
+    assert sum(1 for r in result.responses if OTHER in r.url and r.status == 200) == 20
+    assert result.stats["throttling/backoff/stalled"] >= 1
+    result.assert_no_unhandled_errors()
+
+
+@pytest_twisted.ensureDeferred
+async def test_random_429s_lose_no_page(mock_site: MockSite) -> None:
+    """A site answering 429 to 30% of requests loses nothing with default RETRY_TIMES."""
+    mock_site.set_behaviour(HOST, random_failures(0.3, 429, seed=7))
+    settings = {**SLOTKIT, "BACKOFF_MIN_DELAY": 0.01, "BACKOFF_MAX_DELAY": 0.02}
+    result = await run_crawl(
+        ListSpider, settings, urls=pages(mock_site, HOST, 60), crawl_timeout=60
+    )
+    ok = {r.url for r in result.responses if r.status == 200}
+    assert len(ok) == 60
+
+
+@pytest_twisted.ensureDeferred
+async def test_dont_retry_hands_the_429_on(mock_site: MockSite) -> None:
+    """With dont_retry the 429 reaches the spider at once; the scope still backs off."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429))
+    urls = [{"url": mock_site.url(HOST, "/page/0"), "meta": {"dont_retry": True}}]
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
+    assert [r.status for r in result.responses] == [429]
+    assert result.stats["throttling/backoff/steps"] == 1
+    assert mock_site.recorder.count(HOST) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_dont_track_never_triggers_backoff(mock_site: MockSite) -> None:
+    """throttling_dont_track keeps a request's 503 out of the scope's state."""
+    mock_site.set_behaviour(HOST, fail_first(1, 503))
+    urls = [
+        {
+            "url": mock_site.url(HOST, "/page/0"),
+            "meta": {"throttling_dont_track": True, "dont_retry": True},
+        }
+    ]
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
+    assert [r.status for r in result.responses] == [503]
+    assert "throttling/backoff/steps" not in result.stats
+
+
+class MaintenanceSpider(Spider):
+    """Slows the whole host down from a callback, as in the delay_scope recipe."""
+
+    name = "maintenance"
+
+    def __init__(self, urls: list[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.urls = urls
+        self.seen: list[str] = []
+
+    async def start(self) -> Any:
+        from scrapy import Request
+
+        for url in self.urls:
+            yield Request(url, dont_filter=True)
+
+    def parse(self, response: Any) -> Any:
+        if not self.seen:
+            self.crawler.throttler.delay_scope(HOST, 0.5)
+        self.seen.append(response.url)
+
+
+@pytest_twisted.ensureDeferred
+async def test_delay_scope_holds_a_scope(mock_site: MockSite) -> None:
+    """crawler.throttler.delay_scope() holds every later request of the scope."""
+    urls = pages(mock_site, HOST, 3)
+    settings = {**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    await run_crawl(MaintenanceSpider, settings, urls=urls)
+    arrivals = mock_site.recorder.arrivals(HOST)
+    assert len(arrivals) == 3
+    # The second request was already on its way when the first callback ran.
+    assert arrivals[2] - arrivals[0] >= 0.5 - SLACK

@@ -1,0 +1,159 @@
+"""Real crawls through the Scrapy engine with slotkit's downloader, on loopback."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_twisted
+from scrapy import Request
+
+from tests.crawl import EPOLL_REACTOR, ListSpider, run_crawl, run_crawl_subprocess_async
+from tests.server import MockSite
+
+pytestmark = pytest.mark.integration
+
+SLOTKIT = {"DOWNLOADER": "slotkit.Downloader", "DOWNLOAD_DELAY_JITTER": 0}
+SLOW = 0.2  # seconds each page takes to answer
+DELAY = 0.15
+
+
+@pytest_twisted.ensureDeferred
+async def test_domain_concurrency_holds_under_asyncio_reactor(mock_site: MockSite) -> None:
+    """CONCURRENT_REQUESTS_PER_DOMAIN = 2 means 2 in flight, even with slow responses."""
+    urls = [mock_site.url("127.0.0.1", f"/page/{i}", delay=SLOW) for i in range(12)]
+    result = await run_crawl(
+        ListSpider, {**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 2}, urls=urls
+    )
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 12
+    assert mock_site.recorder.max_in_flight["127.0.0.1"] == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_domain_concurrency_holds_under_plain_twisted_reactor() -> None:
+    """The same limit holds on a non-asyncio reactor (run in a subprocess)."""
+    urls = [f"http://127.0.0.1:{{port}}/page/{i}?delay={SLOW}" for i in range(8)]
+    result = await run_crawl_subprocess_async(
+        reactor=EPOLL_REACTOR,
+        settings={**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 2},
+        spider_kwargs={"urls": urls},
+    )
+    assert len(result["responses"]) == 8
+    assert result["recorder"]["max_in_flight"]["127.0.0.1"] == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_delay_is_a_minimum_gap_per_host(mock_site: MockSite) -> None:
+    """DOWNLOAD_DELAY spaces dispatches to one host; another host is paced on its own."""
+    urls = [
+        mock_site.url(host, f"/page/{i}") for i in range(5) for host in ("127.0.0.1", "127.0.0.2")
+    ]
+    result = await run_crawl(ListSpider, {**SLOTKIT, "DOWNLOAD_DELAY": DELAY}, urls=urls)
+    assert len(result.responses) == 10
+    for host in ("127.0.0.1", "127.0.0.2"):
+        gaps = mock_site.recorder.gaps(host)
+        assert len(gaps) == 4
+        # Server-side arrival gaps carry connection jitter of a few ms.
+        assert min(gaps) >= DELAY - 0.02
+    first = {host: mock_site.recorder.arrivals(host)[0] for host in ("127.0.0.1", "127.0.0.2")}
+    assert abs(first["127.0.0.1"] - first["127.0.0.2"]) < DELAY
+
+
+@pytest_twisted.ensureDeferred
+async def test_throttling_scopes_meta_shares_a_custom_scope(mock_site: MockSite) -> None:
+    """Requests to two hosts in one custom scope share its concurrency of 1."""
+    urls = [
+        {"url": mock_site.url(host, f"/page/{i}", delay=SLOW), "meta": {"throttling_scopes": "api"}}
+        for i in range(3)
+        for host in ("127.0.0.1", "127.0.0.2")
+    ]
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
+    assert len(result.responses) == 6
+    assert mock_site.recorder.max_concurrency() == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_download_slots_setting_maps_onto_scopes(mock_site: MockSite) -> None:
+    """DOWNLOAD_SLOTS keeps its meaning: per-slot concurrency and delay."""
+    urls = [mock_site.url("127.0.0.2", f"/page/{i}", delay=SLOW) for i in range(6)]
+    settings = {**SLOTKIT, "DOWNLOAD_SLOTS": {"127.0.0.2": {"concurrency": 1}}}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 6
+    assert mock_site.recorder.max_in_flight["127.0.0.2"] == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_download_slot_meta_is_honoured(mock_site: MockSite) -> None:
+    """A user-set download_slot groups hosts like in stock Scrapy."""
+    urls = [
+        {"url": mock_site.url(host, f"/page/{i}", delay=SLOW), "meta": {"download_slot": "shared"}}
+        for i in range(3)
+        for host in ("127.0.0.1", "127.0.0.2")
+    ]
+    settings = {**SLOTKIT, "DOWNLOAD_SLOTS": {"shared": {"concurrency": 2}}}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 6
+    assert mock_site.recorder.max_concurrency() == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirect_to_another_host_gets_that_hosts_scope(mock_site: MockSite) -> None:
+    """A redirect is throttled by its new host, not pinned to the old one's slot."""
+    target = mock_site.url("127.0.0.2", "/page/9")
+    urls = [mock_site.url("127.0.0.1", "/redirect", to=target)]
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
+    assert [r.download_slot for r in result.responses] == ["127.0.0.2"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_per_request_delay_holds_one_request(mock_site: MockSite) -> None:
+    """throttling_delay holds a single request that long before it competes."""
+    urls = [
+        mock_site.url("127.0.0.1", "/page/0"),
+        {"url": mock_site.url("127.0.0.2", "/page/1"), "meta": {"throttling_delay": 0.3}},
+    ]
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
+    assert len(result.responses) == 2
+    early = mock_site.recorder.arrivals("127.0.0.1")[0]
+    late = mock_site.recorder.arrivals("127.0.0.2")[0]
+    assert late - early >= 0.25
+
+
+@pytest_twisted.ensureDeferred
+async def test_stats_count_waiting(mock_site: MockSite) -> None:
+    """throttling/* stats report delayed requests and the waiting peak."""
+    urls = [mock_site.url("127.0.0.1", f"/page/{i}") for i in range(4)]
+    result = await run_crawl(ListSpider, {**SLOTKIT, "DOWNLOAD_DELAY": 0.05}, urls=urls)
+    assert result.stats["throttling/requests_delayed"] >= 3
+    assert result.stats["throttling/waiting_peak"] >= 1
+    assert result.stats["throttling/wait_time_max"] > 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_bad_setting_fails_at_start(mock_site: MockSite) -> None:
+    """A misspelt THROTTLING_SCOPES key stops the crawl before any request."""
+    from slotkit import SettingsError
+
+    with pytest.raises(SettingsError, match="did you mean 'concurrency'"):
+        await run_crawl(
+            ListSpider,
+            {**SLOTKIT, "THROTTLING_SCOPES": {"a": {"concurency": 2}}},
+            urls=[mock_site.url("127.0.0.1", "/page/1")],
+        )
+    assert mock_site.recorder.count() == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_priority_goes_first_within_a_scope(mock_site: MockSite) -> None:
+    """Among waiting requests of a scope, the higher priority is sent first."""
+    low = [{"url": mock_site.url("127.0.0.1", f"/page/{i}"), "priority": 0} for i in range(3)]
+    high = [{"url": mock_site.url("127.0.0.1", "/page/99"), "priority": 10}]
+    settings = {**SLOTKIT, "DOWNLOAD_DELAY": 0.05, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    result = await run_crawl(ListSpider, settings, urls=low + high)
+    assert len(result.responses) == 4
+    paths = mock_site.recorder.paths("127.0.0.1")
+    assert paths.index("/page/99") <= 1
+
+
+def test_request_class_is_scrapys() -> None:
+    """Requests stay plain Scrapy requests (no subclassing needed)."""
+    assert Request("http://127.0.0.1/").meta == {}

@@ -1,0 +1,213 @@
+"""Rampup steps and quota windows, pinned on explicit times."""
+
+from __future__ import annotations
+
+import pytest
+from scrapy.settings import Settings
+
+from slotkit.backoff import BackoffConfig
+from slotkit.quota import Quota
+from slotkit.rampup import RampupConfig
+from slotkit.scope import ThrottlingScopeManager
+from slotkit.settings import SettingsError, ThrottlingSettings
+
+WINDOW = 10.0
+QUIET = BackoffConfig(jitter=(0.0, 0.0), window=WINDOW, min_delay=0.1, max_delay=10.0)
+
+
+def rampup_scope(
+    delay: float = 1.0,
+    concurrency: int = 4,
+    min_concurrency: int = 1,
+    target: tuple[int, int] = (1, 1),
+    min_delay: float = 0.25,
+    window: float = WINDOW,
+) -> ThrottlingScopeManager:
+    return ThrottlingScopeManager(
+        concurrency=concurrency,
+        delay=delay,
+        min_concurrency=min_concurrency,
+        backoff=BackoffConfig(jitter=(0.0, 0.0), window=window, min_delay=0.1, max_delay=10.0),
+        rampup=RampupConfig(target=target, delay_factor=0.5, min_delay=min_delay, window=window),
+    )
+
+
+def send(scope: ThrottlingScopeManager, now: float) -> None:
+    scope.record_sent(now)
+    scope.record_done(now)
+
+
+def test_rampup_starts_at_the_concurrency_floor() -> None:
+    """Rampup probes upwards from min_concurrency."""
+    assert rampup_scope(min_concurrency=2).concurrency == 2
+
+
+def test_quiet_window_lowers_the_delay_first() -> None:
+    """A window with no trigger halves the delay."""
+    scope = rampup_scope()
+    send(scope, 0.0)
+    scope.can_send(WINDOW)
+    assert scope.delay == 0.5
+    send(scope, WINDOW + 1)
+    scope.can_send(2 * WINDOW + 1)
+    assert scope.delay == 0.25
+
+
+def test_at_min_delay_concurrency_rises() -> None:
+    """Once the delay is at its minimum, each quiet window adds one concurrency."""
+    scope = rampup_scope(delay=0.25)
+    send(scope, 0.0)
+    scope.can_send(WINDOW)
+    assert (scope.delay, scope.concurrency) == (0.25, 2)
+
+
+def test_concurrency_never_passes_the_configured_maximum() -> None:
+    """Rampup stops at the configured concurrency."""
+    scope = rampup_scope(delay=0.25, concurrency=2)
+    for window in range(5):
+        send(scope, window * WINDOW + 1)
+    scope.can_send(6 * WINDOW)
+    assert scope.concurrency == 2
+
+
+def test_window_at_target_holds() -> None:
+    """A window with as many triggers as the target holds the rate."""
+    scope = rampup_scope(target=(1, 1))
+    send(scope, 0.0)
+    scope.record_backoff(0.001, now=1.0)  # a hint: counts as a trigger, no step
+    scope.can_send(WINDOW)
+    assert scope.delay == 1.0
+
+
+def test_target_range_holds_inside_it() -> None:
+    """A [low, high] target holds for any trigger count inside the range."""
+    scope = rampup_scope(target=(1, 3))
+    send(scope, 0.0)
+    for t in (1.0, 2.0):
+        scope.record_backoff(0.001, now=t)
+    scope.can_send(WINDOW)
+    assert scope.delay == 1.0
+
+
+def test_no_step_during_backoff() -> None:
+    """While a backoff is active, quiet windows do not ramp up."""
+    scope = rampup_scope(window=WINDOW)
+    send(scope, 0.0)
+    scope.record_backoff(None, now=0.5)  # backoff 2.0 (delay 1.0 doubled), recovers at 10.5
+    send(scope, 5.0)
+    scope.can_send(WINDOW + 0.1)  # window [0, 10) had a trigger: hold; still backing off
+    assert scope.delay == 1.0
+    assert scope.backoff_delay == 2.0
+
+
+def test_idle_window_teaches_nothing() -> None:
+    """A window in which nothing was sent does not ramp up."""
+    scope = rampup_scope()
+    send(scope, 0.0)
+    scope.can_send(5 * WINDOW)  # one active window then idle ones: one step only
+    assert scope.delay == 0.5
+
+
+def test_window_zero_disables_rampup() -> None:
+    """BACKOFF_WINDOW = 0 disables rampup steps."""
+    scope = rampup_scope(window=0.0)
+    send(scope, 0.0)
+    scope.can_send(1000.0)
+    assert (scope.delay, scope.concurrency) == (1.0, 1)
+
+
+def test_min_concurrency_floors_set_concurrency() -> None:
+    """set_concurrency never goes below min_concurrency."""
+    scope = ThrottlingScopeManager(concurrency=8, min_concurrency=3)
+    scope.set_concurrency(1)
+    assert scope.concurrency == 3
+
+
+def test_rampup_settings_are_validated() -> None:
+    """Rampup dicts are checked key by key, with suggestions."""
+    with pytest.raises(SettingsError, match="did you mean 'backoff_target'"):
+        ThrottlingSettings.from_settings(
+            Settings({"THROTTLING_SCOPES": {"api": {"rampup": {"backof_target": 1}}}})
+        )
+    with pytest.raises(SettingsError, match="between 0 and 1"):
+        ThrottlingSettings.from_settings(
+            Settings({"THROTTLING_SCOPES": {"api": {"rampup": {"delay_factor": 2}}}})
+        )
+    config = ThrottlingSettings.from_settings(
+        Settings({"RAMPUP_BACKOFF_TARGET": [1, 3], "THROTTLING_SCOPES": {"api": {"rampup": True}}})
+    ).scope_config("api", "custom")
+    assert config.rampup is not None
+    assert config.rampup.target == (1, 3)
+
+
+# Quotas
+
+
+def test_quota_blocks_until_the_oldest_units_expire() -> None:
+    """Over quota, the wait ends when enough of the window's spend expires."""
+    quota = Quota(limit=3, window=WINDOW)
+    for t in (0.0, 1.0, 2.0):
+        quota.spend(t, 1.0)
+    assert quota.wait(2.5, 1.0) == pytest.approx(WINDOW - 2.5)
+    assert quota.wait(WINDOW, 1.0) == 0.0
+
+
+def test_quota_never_exceeds_limit_in_any_window() -> None:
+    """Sending whenever allowed never puts more than the quota in any window."""
+    quota = Quota(limit=5, window=WINDOW)
+    now, sent = 0.0, []
+    while now < 5 * WINDOW:
+        wait = quota.wait(now, 1.0)
+        now += wait
+        quota.spend(now, 1.0)
+        sent.append(now)
+    for start in sent:
+        assert sum(1 for t in sent if start <= t < start + WINDOW) <= 5
+    assert len(sent) >= 5 * 5
+
+
+def test_oversized_request_goes_alone() -> None:
+    """A request larger than the whole quota is sent once the window is empty."""
+    quota = Quota(limit=3, window=WINDOW)
+    assert quota.wait(0.0, 10.0) == 0.0
+    quota.spend(0.0, 10.0)
+    assert quota.wait(1.0, 1.0) == pytest.approx(WINDOW - 1.0)
+
+
+def test_scope_quota_uses_request_amounts() -> None:
+    """can_send and record_sent take the request's amount."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
+    assert scope.can_send(0.0, 6.0) == 0.0
+    scope.record_sent(0.0, 6.0)
+    assert scope.can_send(0.0, 5.0) == pytest.approx(WINDOW)
+    assert scope.can_send(0.0, 4.0) == 0.0
+
+
+def test_reconcile_consumed_and_remaining() -> None:
+    """consumed adjusts the count; the server's remaining replaces it."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
+    scope.record_sent(0.0, 2.0)
+    scope.reconcile_quota(consumed=3.0, now=0.0)
+    assert scope.quota is not None
+    assert scope.quota.used(0.0) == 5.0
+    scope.reconcile_quota(remaining=1.0, now=0.0)
+    assert scope.quota.used(0.0) == 9.0
+    scope.reconcile_quota(consumed=-4.0, now=0.0)
+    assert scope.quota.used(0.0) == 5.0
+
+
+def test_scope_with_quota_spent_is_not_idle() -> None:
+    """A scope is kept while its window still counts spent quota."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
+    send(scope, 0.0)
+    assert not scope.is_idle(1.0, 0.0)
+    assert scope.is_idle(WINDOW + 1.0, 0.0)
+
+
+def test_bad_quota_is_refused() -> None:
+    """quota and window must be positive numbers."""
+    for entry in ({"quota": 0}, {"quota": "lots"}, {"window": -1}):
+        with pytest.raises(SettingsError, match="THROTTLING_SCOPES\\['api'\\]"):
+            ThrottlingSettings.from_settings(Settings({"THROTTLING_SCOPES": {"api": entry}}))
+    with pytest.raises(SettingsError, match="THROTTLING_WINDOW"):
+        ThrottlingSettings.from_settings(Settings({"THROTTLING_WINDOW": 0}))
