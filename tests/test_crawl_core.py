@@ -52,8 +52,11 @@ async def test_delay_is_a_minimum_gap_per_host(mock_site: MockSite) -> None:
     for host in ("127.0.0.1", "127.0.0.2"):
         gaps = mock_site.recorder.gaps(host)
         assert len(gaps) == 4
-        # Server-side arrival gaps carry connection jitter of a few ms.
-        assert min(gaps) >= DELAY - 0.02
+        # The first request to a host also sets up the handler and its
+        # connection (tens of ms here), so the first gap seen by the server is
+        # shorter than the dispatch gap; later ones carry ~1 ms of jitter.
+        assert gaps[0] >= DELAY - 0.08
+        assert min(gaps[1:]) >= DELAY - 0.01
     first = {host: mock_site.recorder.arrivals(host)[0] for host in ("127.0.0.1", "127.0.0.2")}
     assert abs(first["127.0.0.1"] - first["127.0.0.2"]) < DELAY
 
