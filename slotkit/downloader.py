@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -29,8 +30,9 @@ from slotkit.gate import Gate, Waiter
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT, build_manager, normalize_scopes, scope_kind
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
+from slotkit.robots import CrawlDelays, apply_crawl_delay
 from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
-from slotkit.settings import DOMAIN, ThrottlingSettings
+from slotkit.settings import DOMAIN, ScopeConfig, SettingsError, ThrottlingSettings
 from slotkit.slots import SlotsView, SlotView
 from slotkit.stats import ThrottlingStats
 
@@ -64,6 +66,7 @@ class Downloader:
                 check_scope_manager_class(
                     f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"]
                 )
+        _check_priority_queue(crawler.settings)
         self.manager = build_manager(crawler, self.config.manager)
         if hasattr(self.manager, "attach"):
             self.manager.attach(self)
@@ -88,6 +91,11 @@ class Downloader:
             on_evict=self._evicted,
         )
         self.slots = SlotsView(self.registry, self.gate)
+        self.crawl_delays = (
+            CrawlDelays(crawler, self.config.robots_max_delay, self._crawl_delay_found)
+            if self.config.robots_obey
+            else None
+        )
         self.backoff = Feedback(self.config, self.registry, self.gate, self._clock, self.stats)
         self.resender = Resender(
             self._clock,
@@ -170,15 +178,36 @@ class Downloader:
 
     # Scopes
 
-    def _new_scope(self, scope_id: str) -> Scope:
+    def scope_config(self, scope_id: str) -> ScopeConfig:
+        """The resolved configuration a new scope *scope_id* gets now.
+
+        Settings first (:meth:`ThrottlingSettings.scope_config`), then the
+        AutoThrottle start delay if one was set, then the site's robots.txt
+        Crawl-delay if one is known.
+        """
         kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
         config = self.config.scope_config(scope_id, kind)
         if self._default_delay is not None and config.sources.get("delay") == "default":
-            config = type(config)(**{**_fields(config), "delay": self._default_delay})
-        manager = create_scope_manager(self.crawler, config)
+            config = replace(config, delay=self._default_delay)
+        if self.crawl_delays is not None and scope_id in self.crawl_delays.delays:
+            config, warning = apply_crawl_delay(config, self.crawl_delays.delays[scope_id])
+            if warning:
+                self.crawl_delays.warn_once(scope_id, warning)
+        return config
+
+    def _new_scope(self, scope_id: str) -> Scope:
+        manager = create_scope_manager(self.crawler, self.scope_config(scope_id))
         if self.config.debug:
-            logger.debug("slotkit: new scope %r (%s): %r", scope_id, kind, manager)
-        return Scope(scope_id, manager, kind)
+            logger.debug("slotkit: new scope %r: %r", scope_id, manager)
+        return Scope(scope_id, manager, self._kind_hints.get(scope_id) or scope_kind(scope_id))
+
+    def _crawl_delay_found(self, site: str, delay: float) -> None:
+        """robots.txt of *site* gave a Crawl-delay: apply it to the live scope too."""
+        scope = self.registry.peek(site)
+        if scope is None or self.crawl_delays is None:
+            return
+        self.crawl_delays.update_live(scope, self.scope_config(site))
+        self.gate.poke(scope)
 
     def _evicted(self, scope: Scope) -> None:
         self.stats.inc("scopes_evicted")
@@ -343,6 +372,26 @@ async def _resolved(value: Any) -> Any:
     return value
 
 
+def _check_priority_queue(settings: Any) -> None:
+    """Refuse, with the fix, the one stock combination that cannot work.
+
+    Scrapy's default ``DownloaderAwarePriorityQueue`` raises a bare
+    ValueError when ``CONCURRENT_REQUESTS_PER_IP`` is set; slotkit's queue
+    supports per-IP scopes.
+    """
+    queue = settings.get("SCHEDULER_PRIORITY_QUEUE")
+    name = queue if isinstance(queue, str) else getattr(queue, "__name__", "")
+    if settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0 and name.endswith(
+        "DownloaderAwarePriorityQueue"
+    ):
+        raise SettingsError(
+            "CONCURRENT_REQUESTS_PER_IP is set, but SCHEDULER_PRIORITY_QUEUE is Scrapy's "
+            "DownloaderAwarePriorityQueue, which does not support it. Set "
+            "SCHEDULER_PRIORITY_QUEUE = 'slotkit.ThrottlingAwarePriorityQueue' (or enable "
+            "ADDONS = {'slotkit.Addon': 0}, which does it for you)."
+        )
+
+
 def _request_delay(request: Request) -> float:
     """The ``throttling_delay`` meta of *request*, applied once per request."""
     meta = request.meta
@@ -355,7 +404,3 @@ def _request_delay(request: Request) -> float:
     except (TypeError, ValueError):
         logger.warning("Ignoring throttling_delay=%r of %s: not a number", value, request)
         return 0.0
-
-
-def _fields(config: Any) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}

@@ -20,6 +20,8 @@ from weakref import WeakKeyDictionary
 from scrapy.utils.httpobj import urlparse_cached
 from zope.interface import implementer
 
+from slotkit.dns import cached_ip
+from slotkit.domains import registrable_domain
 from slotkit.feedback import current_request
 from slotkit.headers import RateLimitHint, parse_rate_limit_headers
 from slotkit.interfaces import IThrottlingManager
@@ -262,6 +264,9 @@ class ThrottlingManager:
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         self._controller: _ScopeController | None = None
+        settings = crawler.settings
+        self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
+        self._registrable = settings.get("THROTTLING_DOMAIN_GROUPING") == "registrable_domain"
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThrottlingManager:
@@ -272,7 +277,12 @@ class ThrottlingManager:
         self._controller = controller
 
     def get_scopes(self, request: Request) -> Scopes:
-        """Return the scopes of *request* (see the class docstring for the rules)."""
+        """Return the scopes of *request* (see the class docstring for the rules).
+
+        With ``CONCURRENT_REQUESTS_PER_IP`` the address from Scrapy's DNS cache
+        is a second scope; with ``THROTTLING_DOMAIN_GROUPING =
+        "registrable_domain"`` the site scope is the registrable domain.
+        """
         meta = request.meta
         scopes = meta.get("throttling_scopes")
         if scopes is not None:
@@ -280,7 +290,13 @@ class ThrottlingManager:
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT):
             return str(slot)
-        return urlparse_cached(request).hostname or ""
+        host = urlparse_cached(request).hostname or ""
+        site = registrable_domain(host) if self._registrable else host
+        if self._per_ip:
+            address = cached_ip(host)
+            if address is not None and address != site:
+                return [site, address]
+        return site
 
     def get_response_backoff(self, response: Response) -> Backoff:
         """What *response* says about its request's scopes (``None``: nothing).

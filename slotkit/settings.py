@@ -51,11 +51,12 @@ SCOPE_KEYS = frozenset(
         "quota",
         "window",
         "rampup",
+        "ignore_robots_txt",
     }
 )
 #: Keys that belong to features this release does not have yet. They are
 #: refused rather than accepted and ignored, which would be a silent lie.
-RESERVED_SCOPE_KEYS = frozenset({"ignore_robots_txt"})
+RESERVED_SCOPE_KEYS: frozenset[str] = frozenset()
 #: Keys of a scope's ``"rampup"`` dict.
 RAMPUP_KEYS = frozenset({"backoff_target", "delay_factor", "min_delay"})
 
@@ -97,6 +98,7 @@ class ScopeConfig:
     quota: float | None = None
     window: float = 60.0
     rampup: RampupConfig | None = None
+    ignore_robots_txt: bool = False
     #: Where each value came from (``"default"``, ``"THROTTLING_SCOPES"``, ...).
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -177,6 +179,12 @@ def _validate_scope_entry(setting: str, scope: object, entry: object) -> dict[st
                 )
         elif key == "rampup":
             result[key] = _rampup_entry(f"{where}['rampup']", value)
+        elif key == "ignore_robots_txt":
+            if not isinstance(value, bool):
+                raise SettingsError(
+                    f"{where}['ignore_robots_txt'] must be True or False (got {_describe(value)})"
+                )
+            result[key] = value
     if result.get("min_concurrency", 1) > result.get("concurrency", math.inf):
         raise SettingsError(
             f"{where}['min_concurrency'] ({result['min_concurrency']}) must not exceed "
@@ -270,6 +278,10 @@ def _default_jitter(settings: BaseSettings) -> Jitter:
     return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
 
 
+#: Values of ``THROTTLING_DOMAIN_GROUPING``: one scope per host name, or per
+#: registrable domain (``books.example.co.uk`` -> ``example.co.uk``).
+DOMAIN_GROUPINGS = frozenset({"host", "registrable_domain"})
+
 #: Kinds of scope; they differ only in their default concurrency.
 DOMAIN, IP, CUSTOM = "domain", "ip", "custom"
 
@@ -299,6 +311,9 @@ class ThrottlingSettings:
     resend_timeout: float = 180.0
     window: float = 60.0
     rampup_target: tuple[int, int] = (1, 1)
+    robots_obey: bool = False
+    robots_max_delay: float = 60.0
+    domain_grouping: str = "host"
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
@@ -327,7 +342,20 @@ class ThrottlingSettings:
             for scope, entry in scopes.items()
             if "backoff" in entry
         }
+        grouping = settings.get("THROTTLING_DOMAIN_GROUPING", "host")
+        if grouping not in DOMAIN_GROUPINGS:
+            raise SettingsError(
+                f"THROTTLING_DOMAIN_GROUPING must be one of {', '.join(sorted(DOMAIN_GROUPINGS))} "
+                f"(got {_describe(grouping)}){_closest(str(grouping), DOMAIN_GROUPINGS)}"
+            )
         return cls(
+            domain_grouping=grouping,
+            robots_obey=settings.getbool("ROBOTSTXT_OBEY")
+            and settings.getbool("THROTTLING_ROBOTSTXT_OBEY", True),
+            robots_max_delay=_number(
+                "THROTTLING_ROBOTSTXT_MAX_DELAY",
+                settings.get("THROTTLING_ROBOTSTXT_MAX_DELAY", 60.0),
+            ),
             window=_positive("THROTTLING_WINDOW", settings.get("THROTTLING_WINDOW", 60.0)),
             rampup_target=parse_target(
                 "RAMPUP_BACKOFF_TARGET", settings.get("RAMPUP_BACKOFF_TARGET", 1)
@@ -410,6 +438,7 @@ class ThrottlingSettings:
             "quota": None,
             "window": self.window,
             "rampup": None,
+            "ignore_robots_txt": False,
         }
         for origin, table in (("DOWNLOAD_SLOTS", self.slots), ("THROTTLING_SCOPES", self.scopes)):
             entry = table.get(scope)
@@ -430,6 +459,7 @@ class ThrottlingSettings:
             quota=values["quota"],
             window=values["window"],
             rampup=self._rampup_config(values["rampup"]),
+            ignore_robots_txt=values["ignore_robots_txt"],
             sources=sources,
         )
 

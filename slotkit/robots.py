@@ -1,0 +1,139 @@
+"""robots.txt ``Crawl-delay`` as a scope's delay and concurrency.
+
+Scrapy's RobotsTxtMiddleware sends ``robots_parsed`` once per site; this
+module reads the site's ``Crawl-delay`` for the crawl's user agent from it
+(``RobotParser.crawl_delay``) and makes it the site scope's delay, capped at
+``THROTTLING_ROBOTSTXT_MAX_DELAY``, with a concurrency of 1. The values
+survive scope eviction: a Crawl-delay describes the site, not the run.
+
+Values set explicitly for the scope (``THROTTLING_SCOPES`` or
+``DOWNLOAD_SLOTS``) win; if they are more aggressive than the site asks, one
+warning names both, unless the entry sets ``ignore_robots_txt``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.utils.httpobj import urlparse_cached
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from slotkit.registry import Scope
+    from slotkit.settings import ScopeConfig
+
+logger = logging.getLogger("slotkit")
+
+__all__ = ["CrawlDelays", "apply_crawl_delay"]
+
+ROBOTS = "robots.txt"
+
+
+def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeConfig, str | None]:
+    """*config* with the site's Crawl-delay applied, and a warning if the config wins.
+
+    Delay and concurrency come from robots.txt unless they were configured
+    for this very scope; a configured value faster than the site asks is
+    kept, and reported.
+    """
+    explicit = {"THROTTLING_SCOPES", "DOWNLOAD_SLOTS"}
+    sources = dict(config.sources)
+    delay, concurrency = config.delay, config.concurrency
+    faster = []
+    if sources.get("delay") in explicit:
+        if delay < crawl_delay:
+            faster.append(f"delay {delay:g}s (Crawl-delay {crawl_delay:g}s)")
+    else:
+        delay = crawl_delay
+        sources["delay"] = ROBOTS
+    if sources.get("concurrency") in explicit:
+        if concurrency > 1:
+            faster.append(f"concurrency {concurrency} (robots.txt implies 1)")
+    else:
+        concurrency = 1
+        sources["concurrency"] = ROBOTS
+    updated = replace(
+        config,
+        delay=delay,
+        concurrency=concurrency,
+        min_concurrency=min(config.min_concurrency, concurrency),
+        sources=sources,
+    )
+    warning = None
+    if faster and not config.ignore_robots_txt:
+        warning = ", ".join(faster)
+    return updated, warning
+
+
+class CrawlDelays:
+    """Crawl-delay per site, fed by Scrapy's ``robots_parsed`` signal."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        max_delay: float,
+        on_delay: Callable[[str, float], Any],
+    ) -> None:
+        self._crawler = crawler
+        self._max_delay = max_delay
+        self._on_delay = on_delay
+        settings = crawler.settings
+        self._user_agent = settings.get("ROBOTSTXT_USER_AGENT") or None
+        self._default_agent = settings.get("USER_AGENT") or ""
+        #: Site (host name) -> Crawl-delay in seconds, already capped.
+        self.delays: dict[str, float] = {}
+        self._warned: set[str] = set()
+        crawler.signals.connect(self._robots_parsed, signal=signals.robots_parsed)
+
+    def _robots_parsed(self, robotparser: Any, request: Request) -> None:
+        agent = self._user_agent or request.headers.get(b"User-Agent") or self._default_agent
+        try:
+            delay = robotparser.crawl_delay(agent)
+        except Exception:  # a third-party parser must not break the crawl
+            logger.debug("slotkit: robots.txt parser failed on crawl_delay()", exc_info=True)
+            return
+        if delay is None:
+            return
+        try:
+            delay = float(delay)
+        except (TypeError, ValueError):
+            logger.debug("slotkit: ignoring robots.txt Crawl-delay %r", delay)
+            return
+        if not math.isfinite(delay) or delay <= 0:
+            logger.debug("slotkit: ignoring robots.txt Crawl-delay %r", delay)
+            return
+        site = urlparse_cached(request).hostname or ""
+        if delay > self._max_delay:
+            logger.info(
+                "slotkit: %s asks for Crawl-delay %gs; using THROTTLING_ROBOTSTXT_MAX_DELAY=%gs",
+                site,
+                delay,
+                self._max_delay,
+            )
+            delay = self._max_delay
+        self.delays[site] = delay
+        self._on_delay(site, delay)
+
+    def warn_once(self, scope_id: str, warning: str) -> None:
+        """Log, once per scope, that its configuration is faster than its robots.txt asks."""
+        if scope_id in self._warned:
+            return
+        self._warned.add(scope_id)
+        logger.warning(
+            "slotkit: THROTTLING_SCOPES[%r] is more aggressive than its robots.txt: %s. "
+            "Keeping the configured values; set 'ignore_robots_txt': True to silence this.",
+            scope_id,
+            warning,
+        )
+
+    def update_live(self, scope: Scope, config: ScopeConfig) -> None:
+        """Bring a scope that already exists to the robots-adjusted *config*."""
+        scope.manager.set_base_delay(config.delay)
+        scope.manager.set_concurrency(config.concurrency)

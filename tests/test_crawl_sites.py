@@ -1,0 +1,186 @@
+"""robots.txt Crawl-delay, IP scopes and domain grouping in real crawls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy.resolver import dnscache
+
+from slotkit import SettingsError
+from tests.crawl import ListSpider, run_crawl
+from tests.server import MockSite
+
+pytestmark = pytest.mark.integration
+
+SLOTKIT: dict[str, Any] = {"DOWNLOADER": "slotkit.Downloader", "DOWNLOAD_DELAY_JITTER": 0}
+HOST = "127.0.0.1"
+CRAWL_DELAY = 0.3
+
+
+def pages(site: MockSite, host: str, count: int, **query: Any) -> list[str]:
+    return [site.url(host, f"/page/{i}", **query) for i in range(count)]
+
+
+@pytest.fixture
+def cached_names() -> Iterator[dict[str, str]]:
+    """Names put in Scrapy's DNS cache for one test (as its caching resolver would)."""
+    names: dict[str, str] = {}
+    yield names
+    for name in names:
+        dnscache.pop(name, None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_paces_one_request_at_a_time(mock_site: MockSite) -> None:
+    """Crawl-delay 0.3 gives gaps of at least 0.3 s and one request in flight."""
+    mock_site.set_robots(HOST, f"User-agent: *\nCrawl-delay: {CRAWL_DELAY}\n")
+    urls = pages(mock_site, HOST, 5, delay=0.05)
+    settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 5
+    arrivals = mock_site.recorder.arrivals(HOST, path_prefix="/page")
+    gaps = [b - a for a, b in pairwise(arrivals)]
+    assert min(gaps) >= CRAWL_DELAY - 0.01
+    assert mock_site.recorder.max_in_flight[HOST] == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_is_capped(mock_site: MockSite) -> None:
+    """A Crawl-delay above THROTTLING_ROBOTSTXT_MAX_DELAY is cut to the cap."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 3600\n")
+    settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "THROTTLING_ROBOTSTXT_MAX_DELAY": 0.2}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 3))
+    assert len(result.responses) == 3
+    gaps = [b - a for a, b in pairwise(mock_site.recorder.arrivals(HOST, path_prefix="/page"))]
+    assert min(gaps) >= 0.2 - 0.01
+    assert max(gaps) < 1.0
+    assert "THROTTLING_ROBOTSTXT_MAX_DELAY" in result.log_text
+
+
+@pytest_twisted.ensureDeferred
+async def test_faster_configuration_wins_with_one_warning(mock_site: MockSite) -> None:
+    """THROTTLING_SCOPES faster than Crawl-delay is respected and warned about once."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 5\n")
+    settings = {
+        **SLOTKIT,
+        "ROBOTSTXT_OBEY": True,
+        "THROTTLING_SCOPES": {HOST: {"delay": 0.0, "concurrency": 4}},
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4))
+    assert len(result.responses) == 4
+    assert result.log_text.count("more aggressive than its robots.txt") == 1
+    assert "delay 0s (Crawl-delay 5s)" in result.log_text
+
+
+@pytest_twisted.ensureDeferred
+async def test_ignore_robots_txt_silences_the_warning(mock_site: MockSite) -> None:
+    """ignore_robots_txt keeps the configured values without a warning."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 5\n")
+    scope = {"delay": 0.0, "ignore_robots_txt": True}
+    settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "THROTTLING_SCOPES": {HOST: scope}}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 2))
+    assert len(result.responses) == 2
+    assert "more aggressive" not in result.log_text
+
+
+@pytest_twisted.ensureDeferred
+async def test_robots_download_never_deadlocks_with_concurrency_one(mock_site: MockSite) -> None:
+    """ROBOTSTXT_OBEY with scope concurrency 1: robots.txt goes first, then the pages."""
+    mock_site.set_robots(HOST, "User-agent: *\nAllow: /\n")
+    settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 5), crawl_timeout=15)
+    assert result.finish_reason == "finished"
+    assert len(result.responses) == 5
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_off_when_throttling_robotstxt_obey_is_false(mock_site: MockSite) -> None:
+    """THROTTLING_ROBOTSTXT_OBEY = False keeps robots.txt for access rules only."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 5\n")
+    settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "THROTTLING_ROBOTSTXT_OBEY": False}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 3), crawl_timeout=10)
+    assert len(result.responses) == 3
+    assert result.duration < 4
+
+
+@pytest_twisted.ensureDeferred
+async def test_ip_scope_spans_hostnames_with_one_address(
+    mock_site: MockSite, cached_names: dict[str, str]
+) -> None:
+    """Two host names resolving to one address share CONCURRENT_REQUESTS_PER_IP."""
+    hosts = {"a.example.test": HOST, "b.example.test": HOST}
+    cached_names.update(hosts)
+    for name, address in hosts.items():
+        dnscache[name] = address
+    urls = [
+        f"http://{name}:{mock_site.port}/page/{i}?delay=0.2" for i in range(4) for name in hosts
+    ]
+    settings = {
+        **SLOTKIT,
+        "CONCURRENT_REQUESTS_PER_IP": 2,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+        "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue",
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve=hosts)
+    assert len(result.responses) == 8
+    assert mock_site.recorder.max_concurrency() == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_unresolved_hosts_are_limited_by_their_domain_only(mock_site: MockSite) -> None:
+    """Before Scrapy's DNS cache knows a host, only its host scope applies."""
+    hosts = {"c.example.test": HOST, "d.example.test": HOST}
+    urls = [
+        f"http://{name}:{mock_site.port}/page/{i}?delay=0.2" for i in range(3) for name in hosts
+    ]
+    settings = {
+        **SLOTKIT,
+        "CONCURRENT_REQUESTS_PER_IP": 1,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue",
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve=hosts)
+    assert len(result.responses) == 6
+    assert mock_site.recorder.max_concurrency() > 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_stock_queue_with_per_ip_names_the_fix(mock_site: MockSite) -> None:
+    """The stock priority queue with CONCURRENT_REQUESTS_PER_IP fails, naming the fix."""
+    with pytest.raises(SettingsError, match=r"slotkit\.ThrottlingAwarePriorityQueue"):
+        await run_crawl(
+            ListSpider,
+            {**SLOTKIT, "CONCURRENT_REQUESTS_PER_IP": 2},
+            urls=pages(mock_site, HOST, 1),
+        )
+
+
+@pytest_twisted.ensureDeferred
+async def test_registrable_domain_grouping(mock_site: MockSite) -> None:
+    """THROTTLING_DOMAIN_GROUPING = 'registrable_domain' shares one scope across subdomains."""
+    hosts = {"books.toscrape.com": HOST, "quotes.toscrape.com": "127.0.0.2"}
+    urls = [
+        f"http://{name}:{mock_site.port}/page/{i}?delay=0.2" for i in range(3) for name in hosts
+    ]
+    settings = {
+        **SLOTKIT,
+        "THROTTLING_DOMAIN_GROUPING": "registrable_domain",
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve=hosts)
+    assert {r.download_slot for r in result.responses} == {"toscrape.com"}
+    assert mock_site.recorder.max_concurrency() == 2
+
+
+def test_bad_grouping_is_refused() -> None:
+    """An unknown THROTTLING_DOMAIN_GROUPING value names the accepted ones."""
+    from scrapy.settings import Settings
+
+    from slotkit.settings import ThrottlingSettings
+
+    with pytest.raises(SettingsError, match="registrable_domain"):
+        ThrottlingSettings.from_settings(Settings({"THROTTLING_DOMAIN_GROUPING": "registrable"}))
