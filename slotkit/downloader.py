@@ -28,6 +28,7 @@ from slotkit.clock import default_clock
 from slotkit.feedback import Feedback
 from slotkit.gate import Gate, Waiter
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT, build_manager, normalize_scopes, scope_kind
+from slotkit.migration import silence_autothrottle
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays, apply_crawl_delay
@@ -71,6 +72,8 @@ class Downloader:
         if hasattr(self.manager, "attach"):
             self.manager.attach(self)
         crawler.throttler = self.manager  # type: ignore[attr-defined]
+        if self.config.autothrottle is not None:
+            silence_autothrottle(crawler)
         # 2. Then the Scrapy parts, as the stock downloader builds them.
         self._clock = clock if clock is not None else default_clock()
         self.active: set[Request] = set()

@@ -315,7 +315,7 @@ class ThrottlingManager:
         if (
             controller is None
             or request is None
-            or request.meta.get("throttling_dont_track")
+            or _dont_track(request)
             or "cached" in response.flags
         ):
             return None
@@ -343,7 +343,7 @@ class ThrottlingManager:
 
         Every scope whose backoff ``exceptions`` match *exception* is triggered.
         """
-        if request.meta.get("throttling_dont_track") or self._controller is None:
+        if _dont_track(request) or self._controller is None:
             return None
         triggered = [
             scope_id
@@ -359,6 +359,12 @@ class ThrottlingManager:
                 "delay_scope() needs slotkit's downloader: set DOWNLOADER = 'slotkit.Downloader'"
             )
         self._controller.hold_scope(scope, float(seconds))
+
+
+def _dont_track(request: Request) -> bool:
+    """``throttling_dont_track``, or AutoThrottle's ``autothrottle_dont_adjust_delay``."""
+    meta = request.meta
+    return bool(meta.get("throttling_dont_track") or meta.get("autothrottle_dont_adjust_delay"))
 
 
 def _request_of(response: Response) -> Request | None:

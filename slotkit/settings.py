@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
 from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
+from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
+from slotkit.migration import AutoThrottleMapping, autothrottle_mapping
 from slotkit.rampup import RampupConfig
 from slotkit.validation import (
     NO_JITTER,
@@ -314,6 +316,8 @@ class ThrottlingSettings:
     robots_obey: bool = False
     robots_max_delay: float = 60.0
     domain_grouping: str = "host"
+    #: AutoThrottle settings mapped onto slotkit's (``AUTOTHROTTLE_ENABLED``).
+    autothrottle: AutoThrottleMapping | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
@@ -335,6 +339,10 @@ class ThrottlingSettings:
         manager = settings.get("THROTTLING_MANAGER")
         scope_manager = settings.get("THROTTLING_SCOPE_MANAGER")
         backoff = read_backoff(settings)
+        autothrottle = autothrottle_mapping(settings)
+        if autothrottle is not None and autothrottle.max_delay is not None:
+            backoff = replace(backoff, max_delay=autothrottle.max_delay)
+            backoff = replace(backoff, min_delay=min(backoff.min_delay, backoff.max_delay))
         scope_backoffs = {
             scope: scope_backoff(
                 backoff, f"THROTTLING_SCOPES[{scope!r}]['backoff']", entry["backoff"]
@@ -348,7 +356,11 @@ class ThrottlingSettings:
                 f"THROTTLING_DOMAIN_GROUPING must be one of {', '.join(sorted(DOMAIN_GROUPINGS))} "
                 f"(got {_describe(grouping)}){_closest(str(grouping), DOMAIN_GROUPINGS)}"
             )
+        delay = _number("DOWNLOAD_DELAY", settings.get("DOWNLOAD_DELAY", 0.0))
+        if autothrottle is not None and autothrottle.delay is not None:
+            delay = autothrottle.delay
         return cls(
+            autothrottle=autothrottle,
             domain_grouping=grouping,
             robots_obey=settings.getbool("ROBOTSTXT_OBEY")
             and settings.getbool("THROTTLING_ROBOTSTXT_OBEY", True),
@@ -384,7 +396,7 @@ class ThrottlingSettings:
             total_concurrency=_integer(
                 "CONCURRENT_REQUESTS", settings.get("CONCURRENT_REQUESTS", 16), minimum=0
             ),
-            delay=_number("DOWNLOAD_DELAY", settings.get("DOWNLOAD_DELAY", 0.0)),
+            delay=delay,
             jitter=_default_jitter(settings),
             scopes=scopes,
             slots=slots,
@@ -399,7 +411,8 @@ class ThrottlingSettings:
                 settings.get("DELAYED_REQUESTS_WARN_THRESHOLD", 500),
                 minimum=0,
             ),
-            debug=settings.getbool("THROTTLING_DEBUG"),
+            debug=settings.getbool("THROTTLING_DEBUG")
+            or (autothrottle is not None and autothrottle.debug),
             manager=None if manager is None else _load_class("THROTTLING_MANAGER", manager),
             scope_manager=(
                 None
@@ -425,7 +438,7 @@ class ThrottlingSettings:
         then ``THROTTLING_SCOPES``; ``CONCURRENT_REQUESTS`` caps the concurrency."""
         sources = {
             "concurrency": "default",
-            "delay": "default",
+            "delay": "default" if self.autothrottle is None else AUTOTHROTTLE_SOURCE,
             "jitter": "default",
             "min_concurrency": "default",
         }
@@ -437,9 +450,13 @@ class ThrottlingSettings:
             "manager": self.scope_manager,
             "quota": None,
             "window": self.window,
-            "rampup": None,
+            "rampup": {}
+            if kind == DOMAIN and self.autothrottle and self.autothrottle.rampup
+            else None,
             "ignore_robots_txt": False,
         }
+        if values["rampup"] is not None:
+            sources["rampup"] = AUTOTHROTTLE_SOURCE
         for origin, table in (("DOWNLOAD_SLOTS", self.slots), ("THROTTLING_SCOPES", self.scopes)):
             entry = table.get(scope)
             if entry:

@@ -1,0 +1,202 @@
+"""From stock Scrapy throttling settings (and AutoThrottle) to slotkit's.
+
+Two uses share one table:
+
+* at crawl start, with ``AUTOTHROTTLE_ENABLED = True``, the downloader applies
+  the mapping below, silences Scrapy's AutoThrottle extension (so the delay
+  is never steered by two controllers) and logs one warning listing the
+  settings to write instead;
+* ``python -m slotkit migrate`` prints the equivalent settings of a project,
+  with a note per change.
+
+=================================  =========================================
+AutoThrottle                       slotkit
+=================================  =========================================
+``AUTOTHROTTLE_ENABLED = True``    nothing: throttling is always on
+``AUTOTHROTTLE_START_DELAY``       ``DOWNLOAD_DELAY`` (the larger of the two)
+``AUTOTHROTTLE_MAX_DELAY``         ``BACKOFF_MAX_DELAY``
+``AUTOTHROTTLE_TARGET_CONCURRENCY``  ``"rampup": True`` on site scopes
+``AUTOTHROTTLE_DEBUG = True``      ``THROTTLING_DEBUG = True``
+meta ``autothrottle_dont_adjust_delay``  meta ``throttling_dont_track``
+=================================  =========================================
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy.settings import SETTINGS_PRIORITIES
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger("slotkit")
+
+__all__ = [
+    "AutoThrottleMapping",
+    "Change",
+    "autothrottle_mapping",
+    "migration_report",
+    "silence_autothrottle",
+]
+
+SOURCE = "AutoThrottle mapping"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One setting to write (or drop), and why."""
+
+    setting: str
+    value: Any
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class AutoThrottleMapping:
+    """What AutoThrottle settings mean for slotkit, for a crawl that still has them."""
+
+    delay: float | None
+    max_delay: float | None
+    debug: bool
+    rampup: bool
+
+
+def _explicit(settings: BaseSettings, name: str) -> bool:
+    return (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES["default"]
+
+
+def autothrottle_mapping(settings: BaseSettings) -> AutoThrottleMapping | None:
+    """The mapping in force, or ``None`` without ``AUTOTHROTTLE_ENABLED``.
+
+    Explicit slotkit settings win over mapped AutoThrottle ones.
+    """
+    if not settings.getbool("AUTOTHROTTLE_ENABLED"):
+        return None
+    start = settings.getfloat("AUTOTHROTTLE_START_DELAY", 5.0)
+    delay = max(settings.getfloat("DOWNLOAD_DELAY"), start)
+    max_delay = None
+    if not _explicit(settings, "BACKOFF_MAX_DELAY"):
+        max_delay = settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0)
+    return AutoThrottleMapping(
+        delay=delay,
+        max_delay=max_delay,
+        debug=settings.getbool("AUTOTHROTTLE_DEBUG"),
+        rampup=settings.getfloat("AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0) > 0,
+    )
+
+
+def _autothrottle_changes(settings: BaseSettings) -> list[Change]:
+    changes = [
+        Change("AUTOTHROTTLE_ENABLED", None, "drop it: slotkit throttles every crawl"),
+        Change(
+            "DOWNLOAD_DELAY",
+            max(
+                settings.getfloat("DOWNLOAD_DELAY"),
+                settings.getfloat("AUTOTHROTTLE_START_DELAY", 5.0),
+            ),
+            "from AUTOTHROTTLE_START_DELAY: the delay scopes start at",
+        ),
+        Change(
+            "BACKOFF_MAX_DELAY",
+            settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0),
+            "from AUTOTHROTTLE_MAX_DELAY: the longest backoff",
+        ),
+        Change(
+            "example: THROTTLING_SCOPES",
+            {"example.com": {"rampup": True}},
+            "from AUTOTHROTTLE_TARGET_CONCURRENCY: rampup probes for the fastest rate a site "
+            "tolerates, reacting to 429/5xx instead of latency",
+        ),
+    ]
+    if settings.getbool("AUTOTHROTTLE_DEBUG"):
+        changes.append(Change("THROTTLING_DEBUG", True, "from AUTOTHROTTLE_DEBUG"))
+    changes.append(
+        Change(
+            "meta: throttling_dont_track",
+            True,
+            "replaces the autothrottle_dont_adjust_delay request meta key",
+        )
+    )
+    return changes
+
+
+def migration_report(settings: BaseSettings) -> list[Change]:
+    """Every change that moves a project's settings to slotkit."""
+    changes = [Change("DOWNLOADER", "slotkit.Downloader", "switches slotkit on")]
+    if settings.getbool("AUTOTHROTTLE_ENABLED"):
+        changes += _autothrottle_changes(settings)
+    if _explicit(settings, "RANDOMIZE_DOWNLOAD_DELAY"):
+        jitter = 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
+        changes.append(
+            Change("DOWNLOAD_DELAY_JITTER", jitter, "replaces the boolean RANDOMIZE_DOWNLOAD_DELAY")
+        )
+    if settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0:
+        changes.append(
+            Change(
+                "SCHEDULER_PRIORITY_QUEUE",
+                "slotkit.ThrottlingAwarePriorityQueue",
+                "CONCURRENT_REQUESTS_PER_IP needs a queue that knows IP scopes",
+            )
+        )
+    slots = settings.getdict("DOWNLOAD_SLOTS")
+    if slots:
+        changes.append(
+            Change(
+                "THROTTLING_SCOPES",
+                {key: dict(value) for key, value in slots.items()},
+                "optional: DOWNLOAD_SLOTS keeps working; THROTTLING_SCOPES also takes backoff, "
+                "rampup and quota keys",
+            )
+        )
+    return changes
+
+
+def format_report(changes: list[Change]) -> str:
+    """The report as settings.py lines, each with its note as a comment."""
+    lines = ["# slotkit equivalents of this project's throttling settings", ""]
+    for change in changes:
+        lines.append(f"# {change.note}")
+        if change.value is None:
+            lines.append(f"# {change.setting} = ...  (remove)")
+        elif change.setting.startswith("example:"):
+            lines.append(f"# {change.setting[9:]} = {change.value!r}")
+        elif change.setting.startswith("meta:"):
+            lines.append(f"# Request(meta={{{change.setting[6:]!r}: {change.value!r}}})")
+        else:
+            lines.append(f"{change.setting} = {change.value!r}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def silence_autothrottle(crawler: Crawler) -> None:
+    """Take the delay away from Scrapy's AutoThrottle extension, warn once with the mapping.
+
+    The extension (if built) stays loaded but no longer hears its signals,
+    so only slotkit steers the delay.
+    """
+    from scrapy import signals
+    from scrapy.extensions.throttle import AutoThrottle
+
+    try:
+        extension = crawler.get_extension(AutoThrottle)
+    except Exception:
+        extension = None
+    if extension is not None:
+        crawler.signals.disconnect(extension._spider_opened, signal=signals.spider_opened)
+        crawler.signals.disconnect(
+            extension._response_downloaded, signal=signals.response_downloaded
+        )
+    lines = "; ".join(
+        f"{change.setting} = {change.value!r}"
+        for change in _autothrottle_changes(crawler.settings)
+        if change.value is not None
+    )
+    logger.warning(
+        "AUTOTHROTTLE_ENABLED is set: slotkit applies its equivalents and keeps Scrapy's "
+        "AutoThrottle from changing delays. Write instead: %s (see `python -m slotkit migrate`).",
+        lines,
+    )

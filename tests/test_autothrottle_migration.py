@@ -1,0 +1,86 @@
+"""Leaving AutoThrottle: the mapping, one warning, one controller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy.settings import Settings
+
+from slotkit.migration import format_report, migration_report
+from slotkit.settings import ThrottlingSettings
+from tests.crawl import ListSpider, run_crawl
+from tests.server import MockSite
+
+SLOTKIT: dict[str, Any] = {"DOWNLOADER": "slotkit.Downloader", "DOWNLOAD_DELAY_JITTER": 0}
+AUTOTHROTTLE = {
+    "AUTOTHROTTLE_ENABLED": True,
+    "AUTOTHROTTLE_START_DELAY": 0.1,
+    "AUTOTHROTTLE_MAX_DELAY": 7.0,
+    "AUTOTHROTTLE_DEBUG": True,
+}
+
+
+def test_mapping_applies_to_scope_configs() -> None:
+    """START_DELAY -> delay, MAX_DELAY -> backoff max, TARGET_CONCURRENCY -> rampup, DEBUG."""
+    settings = ThrottlingSettings.from_settings(Settings(AUTOTHROTTLE))
+    config = settings.scope_config("example.com", "domain")
+    assert config.delay == 0.1
+    assert config.backoff.max_delay == 7.0
+    assert config.rampup is not None
+    assert config.sources["delay"] == "AutoThrottle mapping"
+    assert settings.debug
+    assert settings.scope_config("api", "custom").rampup is None
+
+
+def test_explicit_slotkit_settings_win() -> None:
+    """An explicit BACKOFF_MAX_DELAY is kept over AUTOTHROTTLE_MAX_DELAY."""
+    values = {**AUTOTHROTTLE, "BACKOFF_MAX_DELAY": 42.0}
+    settings = ThrottlingSettings.from_settings(Settings(values, priority="project"))
+    assert settings.backoff.max_delay == 42.0
+
+
+def test_migrate_report_lists_every_change() -> None:
+    """The report names each replacement with a note."""
+    text = format_report(
+        migration_report(Settings({**AUTOTHROTTLE, "RANDOMIZE_DOWNLOAD_DELAY": False}))
+    )
+    for expected in (
+        "DOWNLOADER = 'slotkit.Downloader'",
+        "DOWNLOAD_DELAY = 0.1",
+        "BACKOFF_MAX_DELAY = 7.0",
+        "THROTTLING_DEBUG = True",
+        "'rampup': True",
+        "throttling_dont_track",
+        "DOWNLOAD_DELAY_JITTER = 0.0",
+    ):
+        assert expected in text
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("extension", ["enabled", "disabled"])
+@pytest_twisted.ensureDeferred
+async def test_crawl_with_autothrottle_settings(mock_site: MockSite, extension: str) -> None:
+    """The crawl works with AutoThrottle's settings; only slotkit steers the delay."""
+    settings: dict[str, Any] = {**SLOTKIT, **AUTOTHROTTLE}
+    if extension == "disabled":
+        settings["EXTENSIONS"] = {"scrapy.extensions.throttle.AutoThrottle": None}
+    delays: list[float] = []
+
+    def watch(crawler: Any) -> None:
+        from scrapy import signals
+
+        def downloaded(response: Any, request: Any, spider: Any) -> None:
+            delays.append(crawler.engine.downloader.slots["127.0.0.1"].delay)
+
+        crawler.signals.connect(downloaded, signal=signals.response_downloaded)
+        keep.append(downloaded)
+
+    keep: list[Any] = []
+    urls = [mock_site.url("127.0.0.1", f"/page/{i}", delay=0.05) for i in range(4)]
+    result = await run_crawl(ListSpider, settings, urls=urls, on_crawler=watch)
+    assert len(result.responses) == 4
+    assert result.log_text.count("AUTOTHROTTLE_ENABLED is set") == 1
+    # AutoThrottle would move the delay toward the latency; slotkit keeps the mapped one.
+    assert set(delays) == {0.1}
