@@ -21,6 +21,7 @@ from scrapy.core.downloader.handlers import DownloadHandlers
 from scrapy.core.downloader.middleware import DownloaderMiddlewareManager
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
@@ -29,6 +30,7 @@ from slotkit.feedback import Feedback
 from slotkit.gate import Gate, Waiter
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT, build_manager, normalize_scopes, scope_kind
 from slotkit.migration import silence_autothrottle
+from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays, apply_crawl_delay
@@ -108,6 +110,15 @@ class Downloader:
             retry_enabled=self.settings.getbool("RETRY_ENABLED", True),
         )
         self._scope_ids: WeakKeyDictionary[Request, list[str]] = WeakKeyDictionary()
+        jobdir = job_dir(self.settings)
+        self._store = ScopeStateStore(jobdir) if jobdir else None
+        self._saved: dict[str, dict[str, float]] = {}
+        if self._store is not None:
+            self._saved, saved_delays = self._store.load()
+            if self.crawl_delays is not None:
+                self.crawl_delays.delays.update(saved_delays)
+        self._closing_reason: str | None = None
+        self.signals.connect(self._engine_started, signal=signals.engine_started)
         self._get_scopes = self.manager.get_scopes
         self._sync_scopes = not inspect.iscoroutinefunction(self._get_scopes)
 
@@ -141,9 +152,64 @@ class Downloader:
         return 0 < self.total_concurrency <= len(self.active)
 
     def close(self) -> None:
-        """Fail what still waits at the gate and cancel every timer."""
-        self.gate.close(list(self.registry.values()))
+        """Fail what still waits at the gate, cancel every timer, save states to JOBDIR."""
+        reason = f"the spider closed ({self._closing_reason})" if self._closing_reason else None
+        self._save_states()
+        self.gate.close(list(self.registry.values()), reason or "the downloader closed")
         self.stats.set("scopes_alive", len(self.registry))
+
+    # Closing: the engine waits for every request in progress before it
+    # closes the downloader, and a request held at the gate is in progress.
+    # Without this hook, CLOSESPIDER_TIMEOUT during a 30 s Retry-After would
+    # wait the 30 s out.
+
+    def _engine_started(self) -> None:
+        engine = self.crawler.engine
+        close_spider = engine.close_spider_async
+
+        async def close_spider_async(*, reason: str = "cancelled") -> None:
+            self._spider_closing(reason)
+            await close_spider(reason=reason)
+
+        engine.close_spider_async = close_spider_async  # type: ignore[method-assign]
+
+    def _spider_closing(self, reason: str) -> None:
+        """The spider is closing: requests still waiting for their scopes end now.
+
+        With ``JOBDIR`` they go back to the scheduler first (not filtered as
+        duplicates), so the paused crawl sends them after it resumes.
+        """
+        if self._closing_reason is not None:
+            return
+        self._closing_reason = reason
+        waiting = [waiter.request for waiter in self.gate.waiting]
+        if waiting and self._store is not None:
+            scheduler = getattr(getattr(self.crawler.engine, "_slot", None), "scheduler", None)
+            if scheduler is not None:
+                for request in waiting:
+                    scheduler.enqueue_request(request.replace(dont_filter=True))
+                self.stats.inc("requests_requeued", len(waiting))
+        self._save_states()
+        self.gate.close(list(self.registry.values()), f"the spider closed ({reason})")
+
+    def _save_states(self) -> None:
+        if self._store is None:
+            return
+        now = self._clock.seconds()
+        states = {
+            scope_id: state
+            for scope_id, state in self._saved.items()
+            if state.get("hold_until", -math.inf) > now or "backoff_delay" in state
+        }
+        for scope in self.registry.values():
+            export = getattr(scope.manager, "export_state", None)
+            state = export(now) if callable(export) else None
+            if state:
+                states[scope.id] = state
+            else:
+                states.pop(scope.id, None)
+        delays = dict(self.crawl_delays.delays) if self.crawl_delays is not None else {}
+        self._store.save(states, delays)
 
     # Slot compatibility
 
@@ -200,6 +266,9 @@ class Downloader:
 
     def _new_scope(self, scope_id: str) -> Scope:
         manager = create_scope_manager(self.crawler, self.scope_config(scope_id))
+        saved = self._saved.pop(scope_id, None)
+        if saved is not None and callable(getattr(manager, "import_state", None)):
+            manager.import_state(saved, self._clock.seconds())
         if self.config.debug:
             logger.debug("slotkit: new scope %r: %r", scope_id, manager)
         return Scope(scope_id, manager, self._kind_hints.get(scope_id) or scope_kind(scope_id))

@@ -179,6 +179,27 @@ class ThrottlingScopeManager:
         last = max(self.last_sent or -math.inf, self.last_done or -math.inf)
         return now - last >= max_idle
 
+    # Saving and restoring (JOBDIR), see slotkit.persistence
+
+    def export_state(self, now: float) -> dict[str, float] | None:
+        """What a resumed crawl must remember of this scope, or ``None`` if nothing."""
+        self._settle(now)
+        state: dict[str, float] = {}
+        if self.hold_until > now:
+            state["hold_until"] = self.hold_until
+        if self.backoff_delay is not None:
+            state["backoff_delay"] = self.backoff_delay
+            state["recovers_at"] = self.recovers_at
+        return state or None
+
+    def import_state(self, state: dict[str, float], now: float) -> None:
+        """Take over a state saved by :meth:`export_state`."""
+        self.hold_until = max(self.hold_until, state.get("hold_until", -math.inf))
+        if "backoff_delay" in state:
+            self.backoff_delay = state["backoff_delay"]
+            self.recovers_at = state.get("recovers_at", now + self.backoff.window)
+            self._settle(now)
+
     # Backoff bookkeeping
 
     @property

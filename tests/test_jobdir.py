@@ -1,0 +1,68 @@
+"""Pause and resume with JOBDIR keeps a site's backoff and deadlines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+
+from slotkit.persistence import ScopeStateStore
+from slotkit.scope import ThrottlingScopeManager
+from tests.crawl import ListSpider, run_crawl
+from tests.server import MockSite, fail_first
+
+SLOTKIT: dict[str, Any] = {"DOWNLOADER": "slotkit.Downloader", "DOWNLOAD_DELAY_JITTER": 0}
+HOST, OTHER = "127.0.0.1", "127.0.0.2"
+RETRY_AFTER = 30
+
+
+def test_scope_state_round_trip(tmp_path: Path) -> None:
+    """A hold and a backoff level survive export, save, load and import."""
+    scope = ThrottlingScopeManager(concurrency=2)
+    scope.record_backoff(None, now=100.0)
+    scope.record_backoff(30.0, now=100.0)
+    store = ScopeStateStore(str(tmp_path))
+    store.save({"a": scope.export_state(101.0) or {}}, {"a": 2.0})
+    states, delays = store.load()
+    fresh = ThrottlingScopeManager(concurrency=2)
+    fresh.import_state(states["a"], now=105.0)
+    assert fresh.can_send(105.0) == pytest.approx(25.0)
+    assert fresh.backoff_delay == 1.0
+    assert delays == {"a": 2.0}
+
+
+def test_unreadable_state_file_is_ignored(tmp_path: Path) -> None:
+    """A damaged state file means a fresh start, not a crash."""
+    (tmp_path / "slotkit-scopes.json").write_text("{not json")
+    assert ScopeStateStore(str(tmp_path)).load() == ({}, {})
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_resume_during_retry_after_waits_for_the_deadline(
+    mock_site: MockSite, tmp_path: Path
+) -> None:
+    """Paused during a Retry-After: 30 hold and resumed at once, nothing reaches the site."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429, {"Retry-After": str(RETRY_AFTER)}))
+    settings = {
+        **SLOTKIT,
+        "JOBDIR": str(tmp_path / "job"),
+        "CLOSESPIDER_TIMEOUT": 1,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    }
+    urls = [mock_site.url(HOST, "/page/0"), mock_site.url(OTHER, "/page/1")]
+    first = await run_crawl(ListSpider, settings, urls=urls, crawl_timeout=20)
+    assert first.finish_reason == "closespider_timeout"
+    assert mock_site.recorder.count(HOST) == 1
+    assert first.stats["throttling/requests_requeued"] == 1
+
+    mock_site.recorder.clear()
+    second = await run_crawl(
+        ListSpider, {**settings, "CLOSESPIDER_TIMEOUT": 2}, urls=[], crawl_timeout=20
+    )
+    assert second.finish_reason == "closespider_timeout"
+    assert mock_site.recorder.count(HOST) == 0  # still inside the 30 s deadline
+    # The held request came back from the job's queue, waited, and was saved again.
+    assert second.stats["throttling/requests_requeued"] == 1
