@@ -121,7 +121,7 @@ class Gate:
         if self._closed:
             return None
         now = self._clock.seconds()
-        for scope, amount in zip(scopes, amounts):
+        for scope, amount in zip(scopes, amounts, strict=True):
             if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
                 return None
         waiter = Waiter(request, scopes, amounts, (0, next(self._seq)))
@@ -167,7 +167,7 @@ class Gate:
             return
         now = self._clock.seconds()
         target = waiter.scopes[0]
-        for scope, amount in zip(waiter.scopes, waiter.amounts):
+        for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
             if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
                 target = scope
                 break
@@ -244,22 +244,44 @@ class Gate:
             blocker, blocker_wait = self._first_blocker(waiter, now, skip=scope)
             if blocker is not None:
                 self._park(waiter, blocker)
-                self._arm(blocker, blocker_wait)
+                if blocker_wait > 0:
+                    self._arm(blocker, blocker_wait)
+                else:
+                    self.poke(blocker)  # free, but an earlier waiter goes first
                 continue
             self._dispatch(waiter, now)
             ready.append(waiter)
         return ready
 
-    def _first_blocker(
-        self, waiter: Waiter, now: float, skip: Scope
-    ) -> tuple[Scope | None, float]:
-        for scope, amount in zip(waiter.scopes, waiter.amounts):
+    def _first_blocker(self, waiter: Waiter, now: float, skip: Scope) -> tuple[Scope | None, float]:
+        """The first other scope that stops *waiter*, and how long it says to wait.
+
+        A scope stops it when its manager says wait, or when an earlier waiter
+        (by priority, then arrival) is still parked on it: otherwise a waiter
+        freed by its own scope would take a shared scope's slot from an older
+        waiter parked there (FIFO across scopes).
+        """
+        for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
             if scope is skip:
                 continue
             wait = scope.manager.can_send(now, amount)
             if wait > 0:
                 return scope, wait
+            if self._has_earlier_waiter(scope, waiter.key):
+                return scope, 0.0
         return None, 0.0
+
+    @staticmethod
+    def _has_earlier_waiter(scope: Scope, key: tuple[int, int]) -> bool:
+        """Whether a live waiter that sorts before *key* is parked on *scope*."""
+        heap = scope.waiters
+        while heap:
+            head = heap[0][1]
+            if head.cancelled or head.parked_on is not scope:
+                heapq.heappop(heap)  # stale entry, dropped lazily as in _pump
+                continue
+            return head.key < key
+        return False
 
     def _park(self, waiter: Waiter, scope: Scope) -> None:
         waiter.parked_on = scope
@@ -287,19 +309,27 @@ class Gate:
         waiter.sent_at = now
         self.waiting.discard(waiter)
         request = waiter.request
-        for scope, amount in zip(waiter.scopes, waiter.amounts):
+        for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
             scope.manager.record_sent(now, amount)
             scope.in_flight.add(request)
         if self._on_dispatch is not None:
             self._on_dispatch(waiter, now)
 
     def _fire(self, waiter: Waiter) -> None:
-        if waiter.deferred is not None:
-            waiter.deferred.callback(waiter)
+        deferred = waiter.deferred
+        if deferred is None:
+            return
+        if deferred.called:
+            # Cancelled after its dispatch was recorded but before it fired (by a
+            # callback of a waiter dispatched in the same batch): give back what
+            # it took instead of firing an already-failed Deferred.
+            self.release(waiter)
+            return
+        deferred.callback(waiter)
 
     # Closing
 
-    def close(self, scopes: Sequence[Scope]) -> None:
+    def close(self, scopes: Sequence[Scope], reason: str = "the downloader closed") -> None:
         """Fail every waiter and cancel every timer; the gate admits nothing after this."""
         self._closed = True
         for scope in scopes:
@@ -312,8 +342,8 @@ class Gate:
             if deferred is not None and not deferred.called:
                 deferred.errback(
                     GateClosedError(
-                        f"the downloader closed while {waiter.request} waited for its "
-                        f"throttling scopes {[s.id for s in waiter.scopes]}"
+                        f"{reason} while {waiter.request} waited for its throttling "
+                        f"scopes {[s.id for s in waiter.scopes]}; it was not sent"
                     )
                 )
         self._pending.clear()

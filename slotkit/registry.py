@@ -169,7 +169,9 @@ class ScopeRegistry:
                     scope.timer.cancel()
                 if self._on_evict is not None:
                     self._on_evict(scope)
-            elif over_limit or scope.is_busy():
+            elif over_limit or scope.is_busy() or now - scope.last_used >= self.max_idle:
+                # Busy, or unused long enough but still held or backing off: keep it
+                # without letting it stop the scan of the scopes behind it.
                 self._scopes.move_to_end(scope_id)
             else:
                 return  # the oldest idle scope is not old enough: none younger is
