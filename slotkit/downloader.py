@@ -221,7 +221,9 @@ class Downloader:
             raw = self._get_scopes(request)
         except Exception:
             return {}
-        if inspect.isawaitable(raw):
+        if isinstance(raw, Deferred) or (
+            inspect.isawaitable(raw) and not isinstance(raw, (str, list, dict))
+        ):
             if inspect.iscoroutine(raw):
                 raw.close()  # asked synchronously; the downloader will await it later
             return {}

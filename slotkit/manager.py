@@ -20,6 +20,7 @@ from weakref import WeakKeyDictionary
 from scrapy.utils.httpobj import urlparse_cached
 from zope.interface import implementer
 
+from slotkit.awaitables import AwaitableDict, awaitable
 from slotkit.dns import cached_ip
 from slotkit.domains import registrable_domain
 from slotkit.feedback import current_request
@@ -279,10 +280,16 @@ class ThrottlingManager:
     def get_scopes(self, request: Request) -> Scopes:
         """Return the scopes of *request* (see the class docstring for the rules).
 
+        The result can also be awaited (see :mod:`slotkit.awaitables`), so an
+        ``async`` override may ``await super().get_scopes(request)``.
+
         With ``CONCURRENT_REQUESTS_PER_IP`` the address from Scrapy's DNS cache
         is a second scope; with ``THROTTLING_DOMAIN_GROUPING =
         "registrable_domain"`` the site scope is the registrable domain.
         """
+        return awaitable(self._default_scopes(request))
+
+    def _default_scopes(self, request: Request) -> Scopes:
         meta = request.meta
         scopes = meta.get("throttling_scopes")
         if scopes is not None:
@@ -299,7 +306,10 @@ class ThrottlingManager:
         return site
 
     def get_response_backoff(self, response: Response) -> Backoff:
-        """What *response* says about its request's scopes (``None``: nothing).
+        """What *response* says about its request's scopes (empty: nothing).
+
+        The result is a dict that can also be awaited, so ``async`` overrides
+        may ``await super().get_response_backoff(response)``.
 
         * Every scope whose backoff ``http_codes`` contain the status is
           triggered; a wait hint in the headers (``Retry-After``,
@@ -318,7 +328,7 @@ class ThrottlingManager:
             or _dont_track(request)
             or "cached" in response.flags
         ):
-            return None
+            return AwaitableDict()
         result: dict[str, ScopeBackoff] = {}
         hint: RateLimitHint | None = None
         for scope_id in controller.scope_ids(request):
@@ -336,21 +346,21 @@ class ThrottlingManager:
                 )
             if record != _NOTHING:
                 result[scope_id] = record
-        return result or None
+        return AwaitableDict(result)
 
     def get_exception_backoff(self, request: Request, exception: BaseException) -> Backoff:
-        """What a download failure says about the request's scopes (``None``: nothing).
+        """What a download failure says about the request's scopes (empty: nothing).
 
         Every scope whose backoff ``exceptions`` match *exception* is triggered.
         """
         if _dont_track(request) or self._controller is None:
-            return None
+            return AwaitableDict()
         triggered = [
             scope_id
             for scope_id in self._controller.scope_ids(request)
             if self._controller.backoff_config(scope_id).is_trigger_exception(exception)
         ]
-        return dict.fromkeys(triggered, ScopeBackoff(trigger=True)) or None
+        return AwaitableDict(dict.fromkeys(triggered, ScopeBackoff(trigger=True)))
 
     def delay_scope(self, scope: str, seconds: float) -> None:
         """Hold every request of *scope* for at least *seconds* from now."""

@@ -17,7 +17,7 @@ API_HOST = "api.toscrape.com"
 class ScrapingApiThrottlingManager(ThrottlingManager):
     @scope_cache
     async def get_scopes(self, request: Any) -> Any:
-        scopes = super().get_scopes(request)
+        scopes = await super().get_scopes(request)
         if urlparse_cached(request).hostname != API_HOST:
             return scopes
         target = url_query_parameter(request.url, "url")
@@ -30,9 +30,9 @@ class ScrapingApiThrottlingManager(ThrottlingManager):
         api_ok = urlparse(response.url).hostname == API_HOST and response.status == 200
         upstream = response.headers.get("X-Upstream-Status-Code") if api_ok else None
         if upstream is None:
-            return super().get_response_backoff(response)
+            return await super().get_response_backoff(response)
         as_upstream = response.replace(status=int(upstream))
-        backoff = super().get_response_backoff(as_upstream) or {}
+        backoff = await super().get_response_backoff(as_upstream)
         # The API itself answered fine: only the target site's scope slows down.
         return {scope: record for scope, record in backoff.items() if scope != API_HOST} or None
 

@@ -1,0 +1,57 @@
+"""Values that are also awaitable, so overrides may be sync or ``async``.
+
+Scrapy's throttling documentation writes overrides as ``async def`` methods
+that ``await super().get_scopes(request)``; plain sync overrides that call
+``super().get_scopes(request)`` are just as natural. The default
+:class:`~slotkit.ThrottlingManager` returns its results wrapped in these
+types: each *is* the value (a ``str``, ``list`` or ``dict``) and awaiting it
+yields the value itself, so both styles work against the same base class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, TypeVar
+
+__all__ = ["AwaitableDict", "AwaitableList", "AwaitableStr", "awaitable"]
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+
+
+class _SelfAwaiting:
+    __slots__ = ()
+
+    def __await__(self: _T) -> Generator[Any, None, _T]:
+        return self
+        yield  # pragma: no cover - makes this a generator
+
+
+class AwaitableStr(_SelfAwaiting, str):
+    """A ``str`` that ``await`` returns unchanged."""
+
+    __slots__ = ()
+
+
+class AwaitableList(_SelfAwaiting, list):  # type: ignore[type-arg]
+    """A ``list`` that ``await`` returns unchanged (also: no scopes, when empty)."""
+
+
+class AwaitableDict(_SelfAwaiting, dict):  # type: ignore[type-arg]
+    """A ``dict`` that ``await`` returns unchanged (also: no backoff, when empty)."""
+
+
+def awaitable(value: _V) -> _V:
+    """*value* as one of the awaitable types; ``None`` becomes an empty one."""
+    result: Any = value
+    if isinstance(value, _SelfAwaiting):
+        result = value
+    elif value is None:
+        result = AwaitableList()
+    elif isinstance(value, str):
+        result = AwaitableStr(value)
+    elif isinstance(value, dict):
+        result = AwaitableDict(value)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        result = AwaitableList(value)
+    return result  # type: ignore[no-any-return]  # same value, awaitable too
