@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from scrapy import Request
@@ -14,10 +13,17 @@ from slotkit.awaitables import awaitable
 
 
 def run(value: Any) -> Any:
+    """Drive a coroutine that never suspends (these awaitables never do) to its result."""
+
     async def wait() -> Any:
         return await value
 
-    return asyncio.run(wait())
+    coroutine = wait()
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("the awaitable suspended")
 
 
 def test_awaiting_returns_the_value_itself() -> None:
