@@ -118,6 +118,7 @@ class Downloader:
             if self.crawl_delays is not None:
                 self.crawl_delays.delays.update(saved_delays)
         self._closing_reason: str | None = None
+        self._evicted_recoveries = 0
         self.signals.connect(self._engine_started, signal=signals.engine_started)
         self._get_scopes = self.manager.get_scopes
         self._sync_scopes = not inspect.iscoroutinefunction(self._get_scopes)
@@ -157,6 +158,11 @@ class Downloader:
         self._save_states()
         self.gate.close(list(self.registry.values()), reason or "the downloader closed")
         self.stats.set("scopes_alive", len(self.registry))
+        recoveries = self._evicted_recoveries + sum(
+            int(getattr(scope.manager, "recoveries", 0)) for scope in self.registry.values()
+        )
+        if recoveries:
+            self.stats.set("backoff/recoveries", recoveries)
 
     # Closing: the engine waits for every request in progress before it
     # closes the downloader, and a request held at the gate is in progress.
@@ -285,6 +291,7 @@ class Downloader:
 
     def _evicted(self, scope: Scope) -> None:
         self.stats.inc("scopes_evicted")
+        self._evicted_recoveries += int(getattr(scope.manager, "recoveries", 0))
 
     def hold_scope(self, scope_id: str, seconds: float) -> None:
         """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped."""

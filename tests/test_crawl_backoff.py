@@ -119,6 +119,7 @@ async def test_recovery_after_quiet_window(mock_site: MockSite) -> None:
     assert len(result.responses) == 8
     assert gaps[0] >= 0.3 - SLACK  # backed off after the 503
     assert min(gaps[-3:]) < 0.1  # recovered: back to no delay
+    assert result.stats["throttling/backoff/recoveries"] >= 1
 
 
 @pytest_twisted.ensureDeferred
