@@ -117,7 +117,8 @@ async def test_recovery_after_quiet_window(mock_site: MockSite) -> None:
     arrivals = mock_site.recorder.arrivals(HOST)
     gaps = [b - a for a, b in pairwise(arrivals)]
     assert len(result.responses) == 8
-    assert gaps[0] >= 0.3 - SLACK  # backed off after the 503
+    # Backed off after the 503 (the first request also paid for connection set-up).
+    assert gaps[0] >= 0.3 - 0.08
     assert min(gaps[-3:]) < 0.1  # recovered: back to no delay
     assert result.stats["throttling/backoff/recoveries"] >= 1
 
