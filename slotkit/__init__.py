@@ -5,6 +5,7 @@ Switch it on with ``DOWNLOADER = "slotkit.Downloader"``.
 
 from __future__ import annotations
 
+from slotkit.addon import Addon
 from slotkit.downloader import Downloader
 from slotkit.gate import GateClosedError
 from slotkit.manager import (
@@ -20,6 +21,7 @@ from slotkit.settings import ScopeConfig, SettingsError, ThrottlingSettings
 __version__ = "0.1.0"
 
 __all__ = [
+    "Addon",
     "Downloader",
     "GateClosedError",
     "ScopeBackoff",

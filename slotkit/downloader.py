@@ -38,6 +38,7 @@ from slotkit.scope_managers import check_scope_manager_class, create_scope_manag
 from slotkit.settings import DOMAIN, ScopeConfig, SettingsError, ThrottlingSettings
 from slotkit.slots import SlotsView, SlotView
 from slotkit.stats import ThrottlingStats
+from slotkit.status import StatusReporter
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -96,6 +97,7 @@ class Downloader:
             on_evict=self._evicted,
         )
         self.slots = SlotsView(self.registry, self.gate)
+        self.status = StatusReporter.attach(self)
         self.crawl_delays = (
             CrawlDelays(crawler, self.config.robots_max_delay, self._crawl_delay_found)
             if self.config.robots_obey
@@ -157,7 +159,8 @@ class Downloader:
         reason = f"the spider closed ({self._closing_reason})" if self._closing_reason else None
         self._save_states()
         self.gate.close(list(self.registry.values()), reason or "the downloader closed")
-        self.stats.set("scopes_alive", len(self.registry))
+        self.status.stop()
+        self.stats.set("scopes_alive", len(self.slots))
         recoveries = self._evicted_recoveries + sum(
             int(getattr(scope.manager, "recoveries", 0)) for scope in self.registry.values()
         )
@@ -216,6 +219,10 @@ class Downloader:
                 states.pop(scope.id, None)
         delays = dict(self.crawl_delays.delays) if self.crawl_delays is not None else {}
         self._store.save(states, delays)
+
+    def throttling_status(self) -> str:
+        """Scopes alive, backing off, requests waiting, and the slowest scopes."""
+        return self.status.describe()
 
     # Slot compatibility
 

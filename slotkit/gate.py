@@ -62,6 +62,7 @@ class Waiter:
         "delay_call",
         "enqueued_at",
         "sent_at",
+        "released",
     )
 
     def __init__(
@@ -83,6 +84,7 @@ class Waiter:
         self.enqueued_at = 0.0
         #: When the request was dispatched (valid once ``dispatched``).
         self.sent_at = 0.0
+        self.released = False
 
     def __lt__(self, other: Waiter) -> bool:  # heap ties never reach here; keys are unique
         return self.key < other.key
@@ -177,7 +179,13 @@ class Gate:
     # Leaving
 
     def release(self, ticket: Waiter) -> None:
-        """Give back what a dispatched request held; wake the scopes it freed."""
+        """Give back what a dispatched request held; wake the scopes it freed.
+
+        Releasing a ticket twice is a no-op, so a slot is never freed twice.
+        """
+        if ticket.released:
+            return
+        ticket.released = True
         now = self._clock.seconds()
         request = ticket.request
         for scope in ticket.scopes:

@@ -7,6 +7,7 @@ scope, what arrived and what is accepted. Nothing in here touches a reactor.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,8 @@ from slotkit.validation import (
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
+
+logger = logging.getLogger("slotkit")
 
 __all__ = [
     "Jitter",
@@ -64,6 +67,19 @@ RAMPUP_KEYS = frozenset({"backoff_target", "delay_factor", "min_delay"})
 
 #: ``DOWNLOAD_SLOTS`` keys Scrapy 2.19 understands.
 SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
+
+
+def _dict_setting(settings: BaseSettings, name: str) -> Any:
+    """A dict setting; JSON text (``scrapy crawl -s NAME='{...}'``) is parsed first."""
+    value = settings.get(name) or {}
+    if isinstance(value, str):
+        try:
+            return settings.getdict(name)
+        except ValueError:
+            raise SettingsError(
+                f"{name} must be a dict, or JSON text of one (got {_describe(value)})"
+            ) from None
+    return value
 
 
 def _positive(where: str, value: object) -> float:
@@ -248,10 +264,16 @@ def _slot_entry(key: str, entry: object) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for name, value in entry.items():
         if name not in SLOT_KEYS:
-            raise SettingsError(
-                f"{where} has an unknown key {name!r}{_closest(str(name), SLOT_KEYS)} "
-                f"(accepted keys: {', '.join(sorted(SLOT_KEYS))})"
+            # Scrapy ignores unknown DOWNLOAD_SLOTS keys, and configs that work with
+            # the stock downloader must keep working: warn instead of failing.
+            logger.warning(
+                "%s has an unknown key %r%s; ignored, as Scrapy does (accepted keys: %s)",
+                where,
+                name,
+                _closest(str(name), SLOT_KEYS),
+                ", ".join(sorted(SLOT_KEYS)),
             )
+            continue
         if name == "concurrency":
             result["concurrency"] = _integer(f"{where}['concurrency']", value, minimum=1)
         elif name == "delay":
@@ -322,7 +344,7 @@ class ThrottlingSettings:
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
         """Read and check every setting; raise :class:`SettingsError` on the first bad one."""
-        raw_scopes = settings.get("THROTTLING_SCOPES") or {}
+        raw_scopes = _dict_setting(settings, "THROTTLING_SCOPES")
         if not isinstance(raw_scopes, Mapping):
             raise SettingsError(
                 "THROTTLING_SCOPES must be a dict mapping scope ids to dicts of options "
@@ -332,7 +354,7 @@ class ThrottlingSettings:
             scope: _validate_scope_entry("THROTTLING_SCOPES", scope, entry)
             for scope, entry in raw_scopes.items()
         }
-        raw_slots = settings.get("DOWNLOAD_SLOTS") or {}
+        raw_slots = _dict_setting(settings, "DOWNLOAD_SLOTS")
         if not isinstance(raw_slots, Mapping):
             raise SettingsError(f"DOWNLOAD_SLOTS must be a dict (got {_describe(raw_slots)})")
         slots = {str(key): _slot_entry(str(key), entry) for key, entry in raw_slots.items()}

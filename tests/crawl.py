@@ -70,6 +70,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "LOG_LEVEL": "DEBUG",
     "MEMUSAGE_ENABLED": False,
     "DOWNLOAD_TIMEOUT": 10,
+    # Scrapy 2.19's remote-control extension listens and writes a job file in $HOME.
+    "REMOTE_CONTROL_ENABLED": False,
 }
 """Applied under the caller's settings. DOWNLOADER is deliberately absent."""
 

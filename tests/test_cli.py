@@ -1,0 +1,485 @@
+"""Tests for ``python -m slotkit`` (slotkit.cli): ``explain`` and the subcommand layout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slotkit import cli
+from slotkit.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def explain_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    """Run ``explain --json`` in-process; return the parsed explanation."""
+    status = main(["explain", "--json", *args])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    return json.loads(captured.out)  # type: ignore[no-any-return]
+
+
+def scope_of(data: dict[str, Any], scope_id: str) -> dict[str, Any]:
+    (scope,) = [scope for scope in data["scopes"] if scope["id"] == scope_id]
+    return scope  # type: ignore[no-any-return]
+
+
+def limit(data: dict[str, Any], scope_id: str, name: str) -> tuple[Any, str]:
+    value = scope_of(data, scope_id)["limits"][name]
+    return value["value"], value["source"]
+
+
+@pytest.fixture
+def settings_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a settings module under a unique name; return a function making one."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    counter = iter(range(1000))
+
+    def make(source: str) -> str:
+        name = f"slotkit_cli_settings_{next(counter)}_{abs(hash(tmp_path)) % 10**6}"
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        return name
+
+    return make
+
+
+# ----------------------------------------------------------------- the spec's examples
+
+
+def test_default_scope_is_the_host_name(capsys):
+    """Without any setting a request gets one domain scope named after its host."""
+    data = explain_json(capsys, "https://books.toscrape.com/catalogue/page-2.html")
+    assert [scope["id"] for scope in data["scopes"]] == ["books.toscrape.com"]
+    scope = data["scopes"][0]
+    assert (scope["kind"], scope["primary"]) == ("domain", True)
+    assert limit(data, "books.toscrape.com", "concurrency") == (
+        8,
+        "CONCURRENT_REQUESTS_PER_DOMAIN (Scrapy default)",
+    )
+    assert limit(data, "books.toscrape.com", "delay") == (0, "DOWNLOAD_DELAY (Scrapy default)")
+    assert limit(data, "books.toscrape.com", "min_concurrency") == (1, "slotkit default")
+
+
+def test_each_subdomain_is_its_own_scope(capsys):
+    """books.toscrape.com and toscrape.com are different scopes."""
+    sub = explain_json(capsys, "https://books.toscrape.com/")
+    top = explain_json(capsys, "https://toscrape.com/")
+    assert sub["scopes"][0]["id"] == "books.toscrape.com"
+    assert top["scopes"][0]["id"] == "toscrape.com"
+
+
+def test_throttling_scopes_override(capsys):
+    """A THROTTLING_SCOPES entry wins over the defaults and is named as the source."""
+    data = explain_json(
+        capsys,
+        "https://quotes.toscrape.com/page/1/",
+        "-s",
+        'THROTTLING_SCOPES={"quotes.toscrape.com": {"concurrency": 16, "delay": 0.0}}',
+    )
+    source = "THROTTLING_SCOPES['quotes.toscrape.com'] (-s on the command line)"
+    assert limit(data, "quotes.toscrape.com", "concurrency") == (16, source)
+    assert limit(data, "quotes.toscrape.com", "delay") == (0.0, source)
+    assert limit(data, "quotes.toscrape.com", "jitter")[1] == (
+        "DOWNLOAD_DELAY_JITTER (Scrapy default)"
+    )
+
+
+def test_download_slots_mapping(capsys):
+    """DOWNLOAD_SLOTS keeps its meaning: its concurrency and delay apply to the scope."""
+    data = explain_json(
+        capsys,
+        "https://example.com/",
+        "-s",
+        'DOWNLOAD_SLOTS={"example.com": '
+        '{"concurrency": 3, "delay": 2.5, "randomize_delay": false}}',
+    )
+    source = "DOWNLOAD_SLOTS['example.com'] (-s on the command line)"
+    assert limit(data, "example.com", "concurrency") == (3, source)
+    assert limit(data, "example.com", "delay") == (2.5, source)
+    assert limit(data, "example.com", "jitter") == ([0.0, 0.0], source)
+
+
+def test_throttling_scopes_win_over_download_slots(capsys):
+    """Where both name a scope, THROTTLING_SCOPES wins key by key."""
+    data = explain_json(
+        capsys,
+        "https://example.com/",
+        "-s",
+        'DOWNLOAD_SLOTS={"example.com": {"concurrency": 3, "delay": 2.5}}',
+        "-s",
+        'THROTTLING_SCOPES={"example.com": {"delay": 1.0}}',
+    )
+    assert limit(data, "example.com", "concurrency")[1].startswith("DOWNLOAD_SLOTS")
+    assert limit(data, "example.com", "delay") == (
+        1.0,
+        "THROTTLING_SCOPES['example.com'] (-s on the command line)",
+    )
+
+
+def test_concurrent_requests_caps_the_scope(capsys):
+    """CONCURRENT_REQUESTS caps a scope's concurrency; the explanation says what it capped."""
+    data = explain_json(
+        capsys,
+        "https://api.toscrape.com/",
+        "-s",
+        'THROTTLING_SCOPES={"api.toscrape.com": {"concurrency": 1000, "delay": 0.08}}',
+        "-s",
+        "CONCURRENT_REQUESTS=32",
+    )
+    value, source = limit(data, "api.toscrape.com", "concurrency")
+    assert value == 32
+    assert source.startswith("capped by CONCURRENT_REQUESTS (-s on the command line)")
+    assert "1000 from THROTTLING_SCOPES['api.toscrape.com']" in source
+
+
+def test_concurrent_requests_caps_the_per_domain_default(capsys):
+    """The cap applies to the default too: 8 per domain under CONCURRENT_REQUESTS=4 is 4."""
+    data = explain_json(capsys, "https://example.com/", "-s", "CONCURRENT_REQUESTS=4")
+    value, source = limit(data, "example.com", "concurrency")
+    assert value == 4
+    assert "8 from CONCURRENT_REQUESTS_PER_DOMAIN (Scrapy default)" in source
+
+
+def test_typo_in_a_scope_key_exits_2_with_the_suggestion(capsys):
+    """A misspelt THROTTLING_SCOPES key is a SettingsError: exit 2, the hint, no traceback."""
+    status = main(
+        [
+            "explain",
+            "https://example.com/",
+            "-s",
+            'THROTTLING_SCOPES={"example.com": {"concurency": 2}}',
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 2
+    assert captured.out == ""
+    assert captured.err.startswith("error: THROTTLING_SCOPES['example.com'] has an unknown key")
+    assert "did you mean 'concurrency'?" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_bad_value_exits_2(capsys):
+    """A value of the wrong type names the setting, what arrived, and exits 2."""
+    status = main(["explain", "https://example.com/", "-s", "DOWNLOAD_DELAY=soon"])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert "DOWNLOAD_DELAY must be a number" in captured.err
+
+
+# ----------------------------------------------------------------- more sources
+
+
+def test_backoff_sources(capsys):
+    """Backoff values come from BACKOFF_* or from the scope's "backoff" dict, key by key."""
+    data = explain_json(
+        capsys,
+        "https://example.com/",
+        "-s",
+        'THROTTLING_SCOPES={"example.com": {"backoff": {"max_delay": 180, "http_codes": [429]}}}',
+        "-s",
+        "BACKOFF_DELAY_FACTOR=3",
+    )
+    backoff = scope_of(data, "example.com")["backoff"]
+    assert backoff["max_delay"]["value"] == 180
+    assert backoff["max_delay"]["source"].startswith("THROTTLING_SCOPES['example.com']['backoff']")
+    assert backoff["http_codes"]["value"] == [429]
+    assert backoff["delay_factor"] == {
+        "value": 3.0,
+        "shown": "x3",
+        "source": "BACKOFF_DELAY_FACTOR (-s on the command line)",
+    }
+    assert backoff["min_delay"]["source"] == "BACKOFF_MIN_DELAY (slotkit default)"
+
+
+def test_randomize_download_delay_false_shows_no_jitter(capsys):
+    """RANDOMIZE_DOWNLOAD_DELAY=False set explicitly wins over the default jitter."""
+    data = explain_json(capsys, "https://example.com/", "-s", "RANDOMIZE_DOWNLOAD_DELAY=False")
+    assert limit(data, "example.com", "jitter") == (
+        [0.0, 0.0],
+        "RANDOMIZE_DOWNLOAD_DELAY (-s on the command line)",
+    )
+
+
+def test_settings_module_then_command_line(capsys, settings_module):
+    """--settings-module applies at project priority; -s overrides it."""
+    name = settings_module(
+        """
+        DOWNLOAD_DELAY = 2.0
+        CONCURRENT_REQUESTS_PER_DOMAIN = 3
+        DOWNLOADER = "slotkit.Downloader"
+        """
+    )
+    data = explain_json(
+        capsys,
+        "https://example.com/",
+        "--settings-module",
+        name,
+        "-s",
+        "CONCURRENT_REQUESTS_PER_DOMAIN=5",
+    )
+    assert limit(data, "example.com", "delay") == (2.0, "DOWNLOAD_DELAY (project settings)")
+    assert limit(data, "example.com", "concurrency") == (
+        5,
+        "CONCURRENT_REQUESTS_PER_DOMAIN (-s on the command line)",
+    )
+    assert data["notes"] == []
+
+
+def test_missing_settings_module_exits_2(capsys):
+    """An unimportable --settings-module is a usage error."""
+    status = main(["explain", "https://example.com/", "--settings-module", "no_such_mod_xyz"])
+    assert status == 2
+    assert "no_such_mod_xyz" in capsys.readouterr().err
+
+
+def test_custom_sync_throttling_manager_is_honoured(capsys, settings_module):
+    """A THROTTLING_MANAGER from the settings decides the scopes; custom ones get
+    THROTTLING_SCOPE_CONCURRENCY."""
+    name = settings_module(
+        """
+        from slotkit import ThrottlingManager, add_scope
+
+        class CostManager(ThrottlingManager):
+            def get_scopes(self, request):
+                return add_scope(super().get_scopes(request), "cost", 3.5)
+
+        THROTTLING_MANAGER = CostManager
+        THROTTLING_SCOPE_CONCURRENCY = 2
+        """
+    )
+    data = explain_json(capsys, "https://api.toscrape.com/?q=1", "--settings-module", name)
+    assert data["manager"] == f"{name}.CostManager"
+    assert [(s["id"], s["kind"], s["amount"]) for s in data["scopes"]] == [
+        ("api.toscrape.com", "domain", None),
+        ("cost", "custom", 3.5),
+    ]
+    assert limit(data, "cost", "concurrency") == (
+        2,
+        "THROTTLING_SCOPE_CONCURRENCY (project settings)",
+    )
+
+
+def test_async_manager_that_needs_no_io_is_run(capsys, settings_module):
+    """An ``async def get_scopes`` that awaits nothing slow is run to completion."""
+    name = settings_module(
+        """
+        from slotkit import ThrottlingManager
+
+        class AsyncManager(ThrottlingManager):
+            async def get_scopes(self, request):
+                return ["api", "users"]
+
+        THROTTLING_MANAGER = AsyncManager
+        """
+    )
+    data = explain_json(capsys, "https://api.example/users", "--settings-module", name)
+    assert [scope["id"] for scope in data["scopes"]] == ["api", "users"]
+    assert data["manager_note"] is None
+
+
+def test_spec_style_async_manager_awaiting_super(capsys, settings_module):
+    """The spec's recipe shape (``@scope_cache async def`` awaiting super()) is explained."""
+    name = settings_module(
+        """
+        from slotkit import ThrottlingManager, add_scope, scope_cache
+
+        class ApiManager(ThrottlingManager):
+            @scope_cache
+            async def get_scopes(self, request):
+                scopes = await super().get_scopes(request)
+                return add_scope(scopes, "example.com")
+
+        THROTTLING_MANAGER = ApiManager
+        """
+    )
+    data = explain_json(
+        capsys, "https://api.toscrape.com/?url=https://example.com", "--settings-module", name
+    )
+    assert [scope["id"] for scope in data["scopes"]] == ["api.toscrape.com", "example.com"]
+    assert data["manager_note"] is None
+
+
+def test_async_manager_waiting_for_io_falls_back_to_the_defaults(capsys, settings_module):
+    """A get_scopes that really waits cannot run here: the default scopes are shown, with a note."""
+    name = settings_module(
+        """
+        from twisted.internet.defer import Deferred
+        from slotkit import ThrottlingManager
+
+        class WaitingManager(ThrottlingManager):
+            async def get_scopes(self, request):
+                await Deferred()
+                return "never"
+
+        THROTTLING_MANAGER = WaitingManager
+        """
+    )
+    data = explain_json(capsys, "https://example.com/", "--settings-module", name)
+    assert [scope["id"] for scope in data["scopes"]] == ["example.com"]
+    assert "waits for I/O" in data["manager_note"]
+
+
+def test_meta_selects_scopes(capsys):
+    """--meta gives the request meta the default manager reads (throttling_scopes)."""
+    data = explain_json(
+        capsys,
+        "https://api.example/users",
+        "--meta",
+        '{"throttling_scopes": {"api": 1, "users": 2}}',
+        "-s",
+        'THROTTLING_SCOPES={"api": {"concurrency": 2}, "users": {"delay": 5.0}}',
+    )
+    assert [(s["id"], s["amount"]) for s in data["scopes"]] == [("api", 1.0), ("users", 2.0)]
+    assert limit(data, "api", "concurrency")[0] == 2
+    assert limit(data, "users", "delay")[0] == 5.0
+
+
+def test_download_slot_meta_is_a_domain_scope(capsys):
+    """A user's download_slot meta names the scope and counts as a domain (per-domain default)."""
+    data = explain_json(capsys, "https://example.com/", "--meta", '{"download_slot": "shared"}')
+    assert [(s["id"], s["kind"]) for s in data["scopes"]] == [("shared", "domain")]
+    assert limit(data, "shared", "concurrency")[0] == 8
+
+
+def test_notes_for_the_downloader_robots_and_autothrottle(capsys):
+    """Notes warn about a non-slotkit DOWNLOADER, ROBOTSTXT_OBEY and AutoThrottle."""
+    data = explain_json(
+        capsys,
+        "https://example.com/",
+        "-s",
+        "ROBOTSTXT_OBEY=True",
+        "-s",
+        "AUTOTHROTTLE_ENABLED=True",
+    )
+    notes = " | ".join(data["notes"])
+    assert "DOWNLOADER is 'scrapy.core.downloader.Downloader'" in notes
+    assert "Crawl-delay" in notes
+    assert "AUTOTHROTTLE_ENABLED" in notes
+
+
+def test_addons_are_applied(capsys):
+    """ADDONS take part: with slotkit's add-on the DOWNLOADER note goes away."""
+    data = explain_json(capsys, "https://example.com/", "-s", 'ADDONS={"slotkit.addon.Addon": 0}')
+    assert data["notes"] == []
+
+
+def test_text_output(capsys):
+    """The text form lists the scope, each value and its source, then crawl-wide values."""
+    status = main(["explain", "https://books.toscrape.com/", "-s", "DOWNLOAD_DELAY=1.5"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "1 scope: books.toscrape.com" in out
+    assert "Scope 'books.toscrape.com' (domain scope; primary: reported as download_slot)" in out
+    delay_line = next(line for line in out.splitlines() if line.strip().startswith("delay"))
+    assert delay_line.split() == [
+        "delay",
+        "1.5",
+        "s",
+        "DOWNLOAD_DELAY",
+        "(-s",
+        "on",
+        "the",
+        "command",
+        "line)",
+    ]
+    assert "Crawl-wide" in out
+    assert "THROTTLING_STATS_INTERVAL" in out
+
+
+def test_unknown_setting_name_warns_with_a_suggestion(capsys):
+    """-s with a name neither Scrapy nor slotkit knows warns, suggesting the close one."""
+    status = main(["explain", "https://example.com/", "-s", "THROTTLING_SCOPE_CONCURENCY=2"])
+    err = capsys.readouterr().err
+    assert status == 0
+    assert "did you mean THROTTLING_SCOPE_CONCURRENCY?" in err
+
+
+def test_invalid_json_value_exits_2(capsys):
+    """A value that starts like JSON but is not valid JSON is refused."""
+    status = main(["explain", "https://example.com/", "-s", "THROTTLING_SCOPES={'a': 1}"])
+    assert status == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_bad_url_exits_2(capsys):
+    """A URL Scrapy cannot build a Request for is a usage error."""
+    status = main(["explain", "example.com/no-scheme"])
+    assert status == 2
+    assert "cannot build a request" in capsys.readouterr().err
+
+
+def test_parse_setting_keeps_strings_like_scrapy():
+    """Plain values stay strings (Scrapy converts them when read); JSON for dicts/lists."""
+    assert cli.parse_setting("DOWNLOAD_DELAY=2") == ("DOWNLOAD_DELAY", "2")
+    assert cli.parse_setting("A= [1, 2]") == ("A", [1, 2])
+    assert cli.parse_setting('B={"x": {"y": 1}}') == ("B", {"x": {"y": 1}})
+    assert cli.parse_setting("C=a=b") == ("C", "a=b")
+    with pytest.raises(cli.CommandError):
+        cli.parse_setting("NOEQUALS")
+
+
+# ----------------------------------------------------------------- layout
+
+
+def test_a_subcommand_is_one_register_function(monkeypatch, capsys):
+    """Adding a subcommand (e.g. migrate) is one function listed in COMMANDS."""
+
+    def register(subparsers: Any) -> None:
+        parser = subparsers.add_parser("hello")
+        parser.add_argument("name")
+        parser.set_defaults(handler=lambda args: print(f"hi {args.name}") or 0)
+
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, register])
+    assert main(["hello", "you"]) == 0
+    assert capsys.readouterr().out == "hi you\n"
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    """Without a subcommand argparse exits 2 with the usage."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "usage: python -m slotkit" in capsys.readouterr().err
+
+
+def test_python_dash_m_slotkit_runs_explain():
+    """``python -m slotkit explain`` works as a real command (through __main__)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "slotkit", "explain", "https://example.com/"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Scope 'example.com'" in done.stdout
+
+
+def test_python_dash_m_slotkit_bad_setting_exit_status():
+    """A bad setting gives exit status 2 and a one-line error, no traceback, as a command."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slotkit",
+            "explain",
+            "https://example.com/",
+            "-s",
+            'THROTTLING_SCOPES={"example.com": {"dealy": 1}}',
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "did you mean 'delay'?" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,450 @@
+"""Unit tests for slotkit.Downloader on a Clock, with a download handler driven by hand.
+
+The throttling time is a :class:`~twisted.internet.task.Clock`; nothing sleeps.
+The ``fetch()`` tests run under pytest-twisted because Scrapy's middleware
+chain goes through asyncio futures on the asyncio reactor: they only let the
+loop turn with zero-delay calls (:func:`settle`) and move throttling time with
+``clock.advance``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy import Request, Spider, signals
+from scrapy.http import Response
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.test import get_crawler
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+
+from slotkit import Downloader, GateClosedError, ThrottlingManager, scope_cache
+from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
+from slotkit.settings import SettingsError
+from slotkit.slots import SlotView
+
+ONE_DELAY = 1.0
+HALF_DELAY = 0.5
+HOLD = 30.0
+
+
+class ManualHandler:
+    """A download handler whose downloads end when the test says so."""
+
+    lazy = False
+
+    def __init__(self, crawler) -> None:
+        self.pending: list[tuple[Request, Deferred[Response]]] = []
+        self.started: list[str] = []
+        crawler.manual_handler = self
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls(crawler)
+
+    async def download_request(self, request: Request) -> Response:
+        self.started.append(request.url)
+        if request.meta.get("raise_now"):
+            raise ValueError("the handler failed before any I/O")
+        deferred: Deferred[Response] = Deferred()
+        self.pending.append((request, deferred))
+        return await maybe_deferred_to_future(deferred)
+
+    def finish(self, url: str, status: int = 200) -> None:
+        """Answer the pending download of *url*."""
+        for index, (request, deferred) in enumerate(self.pending):
+            if request.url == url:
+                del self.pending[index]
+                deferred.callback(Response(url, status=status, request=request))
+                return
+        raise AssertionError(f"{url} is not being downloaded")
+
+    async def close(self) -> None:
+        pass
+
+
+BASE_SETTINGS: dict[str, Any] = {
+    "DOWNLOAD_HANDLERS": {"http": ManualHandler, "https": ManualHandler},
+    "RETRY_ENABLED": False,
+    "DOWNLOAD_DELAY_JITTER": 0,
+    "TELNETCONSOLE_ENABLED": False,
+}
+
+
+def make_downloader(
+    settings: dict[str, Any] | None = None, clock: Clock | None = None
+) -> tuple[Downloader, Clock]:
+    clock = clock if clock is not None else Clock()
+    crawler = get_crawler(Spider, settings_dict={**BASE_SETTINGS, **(settings or {})})
+    crawler.spider = crawler._create_spider("unit")
+    return Downloader(crawler, clock=clock), clock
+
+
+def handler_of(downloader: Downloader) -> ManualHandler:
+    return downloader.crawler.manual_handler  # type: ignore[attr-defined,no-any-return]
+
+
+async def settle(turns: int = 30) -> None:
+    """Let the event loop run pending callbacks (zero-delay turns; no time passes)."""
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    for _ in range(turns):
+        await deferLater(reactor, 0)
+
+
+def outcome(deferred: Deferred[Any]) -> list[Any]:
+    """A list that receives the result (or Failure) of *deferred*, consuming errors."""
+    box: list[Any] = []
+    deferred.addBoth(box.append)
+    return box
+
+
+# ----------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"THROTTLING_SCOPES": {"a": 1}}, "THROTTLING_SCOPES['a'] must be a dict"),
+        ({"THROTTLING_SCOPES": {"a": {"delay": -1}}}, "THROTTLING_SCOPES['a']['delay']"),
+        ({"THROTTLING_SCOPES": {"a": {"concurrency": 0}}}, "THROTTLING_SCOPES['a']['concurrency']"),
+        ({"THROTTLING_SCOPES": {"a": {"concurency": 2}}}, "did you mean 'concurrency'?"),
+        ({"THROTTLING_MANAGER": "tests.test_downloader_unit.NotAManager"}, "IThrottlingManager"),
+        ({"THROTTLING_MANAGER": "no.such.Manager"}, "THROTTLING_MANAGER could not be imported"),
+        (
+            {"THROTTLING_SCOPE_MANAGER": "tests.test_downloader_unit.HalfScopeManager"},
+            "THROTTLING_SCOPE_MANAGER names",
+        ),
+        (
+            {
+                "THROTTLING_SCOPES": {
+                    "api": {"manager": "tests.test_downloader_unit.HalfScopeManager"}
+                }
+            },
+            "THROTTLING_SCOPES['api']['manager'] names",
+        ),
+    ],
+)
+def test_bad_settings_fail_at_construction(settings: dict[str, Any], fragment: str):
+    """A bad setting raises SettingsError when the downloader is built, before any request."""
+    with pytest.raises(SettingsError) as info:
+        make_downloader(settings)
+    assert fragment in str(info.value)
+
+
+class NotAManager:
+    """Has none of the throttling manager's methods."""
+
+
+class HalfScopeManager:
+    """A scope manager class that lacks most of the interface."""
+
+    def can_send(self, now, amount):
+        return 0.0
+
+
+def test_construction_exposes_the_manager_as_crawler_throttler():
+    """The throttling manager is reachable as crawler.throttler, attached to the downloader."""
+    downloader, _ = make_downloader()
+    assert isinstance(downloader.manager, ThrottlingManager)
+    assert downloader.crawler.throttler is downloader.manager  # type: ignore[attr-defined]
+    assert downloader.active == set()
+    assert len(downloader.slots) == 0
+
+
+# ----------------------------------------------------------------- slot keys
+
+
+def test_get_slot_key_defaults_to_the_host():
+    """get_slot_key is the request's host name by default."""
+    downloader, _ = make_downloader()
+    assert downloader.get_slot_key(Request("https://books.toscrape.com/x")) == "books.toscrape.com"
+
+
+def test_get_slot_key_honours_download_slot_and_throttling_scopes():
+    """A user download_slot, or the first of the throttling_scopes, is the slot key."""
+    downloader, _ = make_downloader()
+    assert (
+        downloader.get_slot_key(Request("https://a.example/", meta={DOWNLOAD_SLOT: "mine"}))
+        == "mine"
+    )
+    request = Request("https://a.example/", meta={"throttling_scopes": ["api", "users"]})
+    assert downloader.get_slot_key(request) == "api"
+
+
+def test_get_slot_key_ignores_the_automatic_slot_after_a_redirect():
+    """A download_slot written by slotkit itself does not pin a redirected request."""
+    downloader, _ = make_downloader()
+    request = Request("https://old.example/")
+    request.meta[DOWNLOAD_SLOT] = request.meta[AUTO_SLOT] = "old.example"
+    assert downloader.get_slot_key(request.replace(url="https://new.example/")) == "new.example"
+
+
+class AsyncManager(ThrottlingManager):
+    @scope_cache
+    async def get_scopes(self, request):
+        return ["api", "other"]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_get_slot_key_with_an_async_manager_falls_back_quietly():
+    """With an async get_scopes, get_slot_key falls back to the host, awaiting nothing."""
+    downloader, _ = make_downloader(
+        {"THROTTLING_MANAGER": "tests.test_downloader_unit.AsyncManager"}
+    )
+    assert downloader.get_slot_key(Request("https://a.example/")) == "a.example"
+
+
+def test_get_slot_creates_the_scope_and_returns_a_view():
+    """_get_slot returns (key, SlotView) and makes the scope visible in downloader.slots."""
+    downloader, _ = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 3, "DOWNLOAD_DELAY": 2.0})
+    key, slot = downloader._get_slot(Request("https://a.example/"))
+    assert key == "a.example"
+    assert isinstance(slot, SlotView)
+    assert "a.example" in downloader.slots
+    assert downloader.slots["a.example"].concurrency == 3
+    assert downloader.slots["a.example"].delay == 2.0
+    with pytest.raises(KeyError):
+        downloader.slots["b.example"]
+
+
+def test_get_slot_scope_uses_throttling_scopes_config():
+    """A scope configured in THROTTLING_SCOPES is built with that configuration."""
+    downloader, _ = make_downloader(
+        {"THROTTLING_SCOPES": {"api": {"concurrency": 5, "delay": 0.25}}}
+    )
+    _, slot = downloader._get_slot(Request("https://a.example/", meta={"throttling_scopes": "api"}))
+    assert (slot.concurrency, slot.delay) == (5, 0.25)
+
+
+# ----------------------------------------------------------------- backout, close, hold
+
+
+def test_needs_backout_follows_concurrent_requests():
+    """needs_backout is true once CONCURRENT_REQUESTS requests are in the downloader."""
+    downloader, _ = make_downloader({"CONCURRENT_REQUESTS": 2})
+    assert not downloader.needs_backout()
+    downloader.active.update({Request("https://a.example/1"), Request("https://a.example/2")})
+    assert downloader.needs_backout()
+
+
+def test_needs_backout_never_with_no_cap():
+    """CONCURRENT_REQUESTS = 0 means no cap: never back out."""
+    downloader, _ = make_downloader({"CONCURRENT_REQUESTS": 0})
+    downloader.active.update(Request(f"https://a.example/{index}") for index in range(1000))
+    assert not downloader.needs_backout()
+
+
+def test_close_with_nothing_leaves_no_delayed_calls():
+    """Closing an unused downloader leaves nothing scheduled."""
+    downloader, clock = make_downloader()
+    downloader.close()
+    assert clock.getDelayedCalls() == []
+
+
+def test_hold_scope_holds_the_scope():
+    """hold_scope (delay_scope) makes the scope answer a wait until the hold ends."""
+    downloader, clock = make_downloader()
+    clock.advance(10.0)
+    downloader.hold_scope("a.example", HOLD)
+    scope = downloader.registry.peek("a.example")
+    assert scope is not None
+    assert scope.manager.can_send(clock.seconds(), None) == HOLD
+    downloader.crawler.throttler.delay_scope("a.example", 5.0)  # type: ignore[attr-defined]
+    assert scope.manager.can_send(clock.seconds(), None) == HOLD  # never shortened
+    downloader.close()
+    assert clock.getDelayedCalls() == []
+
+
+# ----------------------------------------------------------------- fetch, driven by hand
+
+
+@pytest_twisted.ensureDeferred
+async def test_fetch_respects_concurrency():
+    """With CONCURRENT_REQUESTS_PER_DOMAIN = 2 the third download starts only when one ends."""
+    downloader, clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 2})
+    handler = handler_of(downloader)
+    urls = [f"https://a.example/{index}" for index in range(3)]
+    results = [outcome(downloader.fetch(Request(url))) for url in urls]
+    await settle()
+    assert handler.started == urls[:2]
+    slot = downloader.slots["a.example"]
+    assert len(slot.active) == 3
+    assert len(slot.transferring) == 2
+    handler.finish(urls[0])
+    await settle()
+    assert handler.started == urls
+    assert isinstance(results[0][0], Response)
+    handler.finish(urls[1])
+    handler.finish(urls[2])
+    await settle()
+    assert all(isinstance(box[0], Response) for box in results)
+    assert downloader.active == set()
+    assert len(slot.active) == 0
+    downloader.close()
+    assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_fetch_respects_the_delay():
+    """With DOWNLOAD_DELAY = 1 the second download starts exactly one clock second later."""
+    downloader, clock = make_downloader({"DOWNLOAD_DELAY": ONE_DELAY})
+    handler = handler_of(downloader)
+    first, second = Request("https://a.example/1"), Request("https://a.example/2")
+    outcome(downloader.fetch(first))
+    outcome(downloader.fetch(second))
+    await settle()
+    assert handler.started == [first.url]
+    handler.finish(first.url)
+    clock.advance(HALF_DELAY)
+    await settle()
+    assert handler.started == [first.url]
+    clock.advance(HALF_DELAY)
+    await settle()
+    assert handler.started == [first.url, second.url]
+    handler.finish(second.url)
+    await settle()
+    downloader.close()
+    assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_cancelling_a_waiting_fetch_withdraws_it():
+    """Cancelling a fetch waiting at the gate fails it and hands its place to the next one."""
+    downloader, clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    handler = handler_of(downloader)
+    running, victim, after = (Request(f"https://a.example/{name}") for name in ("r", "v", "n"))
+    outcome(downloader.fetch(running))
+    victim_deferred = downloader.fetch(victim)
+    victim_box = outcome(victim_deferred)
+    outcome(downloader.fetch(after))
+    await settle()
+    victim_deferred.cancel()
+    await settle()
+    assert isinstance(victim_box[0], Failure)
+    # Under the asyncio reactor the cancellation arrives through an asyncio future.
+    assert victim_box[0].check(CancelledError, asyncio.CancelledError)
+    scope = downloader.registry.peek("a.example")
+    assert scope is not None
+    assert victim not in scope.requests
+    assert victim not in downloader.active
+    handler.finish(running.url)
+    await settle()
+    assert handler.started == [running.url, after.url]
+    handler.finish(after.url)
+    await settle()
+    downloader.close()
+    assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_fails_a_waiting_fetch_with_gate_closed_error():
+    """Closing the downloader fails requests still waiting at the gate with GateClosedError."""
+    downloader, clock = make_downloader({"DOWNLOAD_DELAY": ONE_DELAY})
+    handler = handler_of(downloader)
+    first, second = Request("https://a.example/1"), Request("https://a.example/2")
+    outcome(downloader.fetch(first))
+    box = outcome(downloader.fetch(second))
+    await settle()
+    downloader.close()
+    await settle()
+    assert isinstance(box[0], Failure)
+    assert box[0].check(GateClosedError)
+    assert clock.getDelayedCalls() == []
+    handler.finish(first.url)
+    await settle()
+    assert handler.started == [first.url]
+    assert downloader.active == set()
+
+
+@pytest_twisted.ensureDeferred
+async def test_handler_raising_releases_the_scope():
+    """A handler that raises before any I/O still gives the scope's slot back."""
+    downloader, clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    handler = handler_of(downloader)
+    failing = Request("https://a.example/fail", meta={"raise_now": True})
+    fine = Request("https://a.example/fine")
+    failing_box = outcome(downloader.fetch(failing))
+    fine_box = outcome(downloader.fetch(fine))
+    await settle()
+    assert failing_box[0].check(ValueError)
+    assert handler.started == [failing.url, fine.url]
+    scope = downloader.registry.peek("a.example")
+    assert scope is not None
+    assert scope.manager.active == 1
+    handler.finish(fine.url)
+    await settle()
+    assert isinstance(fine_box[0], Response)
+    assert scope.manager.active == 0
+    assert scope.requests == set()
+    downloader.close()
+    assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_hold_scope_delays_waiting_fetches():
+    """delay_scope holds requests of the scope until the hold ends on the clock."""
+    downloader, clock = make_downloader()
+    handler = handler_of(downloader)
+    downloader.crawler.throttler.delay_scope("a.example", HOLD)  # type: ignore[attr-defined]
+    request = Request("https://a.example/")
+    box = outcome(downloader.fetch(request))
+    await settle()
+    assert handler.started == []
+    clock.advance(HOLD)
+    await settle()
+    assert handler.started == [request.url]
+    handler.finish(request.url)
+    await settle()
+    assert isinstance(box[0], Response)
+    downloader.close()
+    assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_signals_in_stock_order():
+    """reached, downloaded, left: the downloader sends the stock signals once each, in order."""
+    downloader, _ = make_downloader()
+    handler = handler_of(downloader)
+    seen: list[str] = []
+    for name in ("request_reached_downloader", "response_downloaded", "request_left_downloader"):
+        downloader.crawler.signals.connect(
+            lambda name=name, **kwargs: seen.append(name), signal=getattr(signals, name), weak=False
+        )
+    request = Request("https://a.example/")
+    outcome(downloader.fetch(request))
+    await settle()
+    assert seen == ["request_reached_downloader"]
+    handler.finish(request.url)
+    await settle()
+    assert seen == [
+        "request_reached_downloader",
+        "response_downloaded",
+        "request_left_downloader",
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_multi_scope_request_waits_for_the_shared_scope():
+    """Two hosts sharing an 'api' scope of concurrency 1 take turns."""
+    downloader, _ = make_downloader({"THROTTLING_SCOPES": {"api": {"concurrency": 1}}})
+    handler = handler_of(downloader)
+    first = Request("https://a.example/", meta={"throttling_scopes": ["a.example", "api"]})
+    second = Request("https://b.example/", meta={"throttling_scopes": ["b.example", "api"]})
+    outcome(downloader.fetch(first))
+    outcome(downloader.fetch(second))
+    await settle()
+    assert handler.started == [first.url]
+    assert second.meta[DOWNLOAD_SLOT] == "b.example"
+    handler.finish(first.url)
+    await settle()
+    assert handler.started == [first.url, second.url]
+    assert math.isclose(len(downloader.slots["api"].transferring), 1)
+    handler.finish(second.url)
+    await settle()

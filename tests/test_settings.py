@@ -1,0 +1,518 @@
+"""Tests for slotkit.settings: reading, validating and resolving the throttling settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+
+from slotkit.settings import (
+    CUSTOM,
+    DOMAIN,
+    IP,
+    NO_JITTER,
+    RESERVED_SCOPE_KEYS,
+    SCOPE_KEYS,
+    ScopeConfig,
+    SettingsError,
+    ThrottlingSettings,
+    parse_jitter,
+)
+
+ONE_DELAY = 1.0
+THREE_DELAY = 3.0
+
+#: Scrapy 2.19 deprecates this setting; slotkit still reads it (IP scopes).
+PER_IP_DEPRECATED = pytest.mark.filterwarnings(
+    "ignore:The CONCURRENT_REQUESTS_PER_IP setting is deprecated"
+)
+
+
+def read(values: dict[str, Any] | None = None, **kwargs: Any) -> ThrottlingSettings:
+    settings = Settings(values or {})
+    for name, value in kwargs.items():
+        settings.set(name, value)
+    return ThrottlingSettings.from_settings(settings)
+
+
+def refuse(values: dict[str, Any]) -> str:
+    """The message of the SettingsError raised by reading *values*."""
+    with pytest.raises(SettingsError) as info:
+        read(values)
+    return str(info.value)
+
+
+# ----------------------------------------------------------------- defaults
+
+
+def test_defaults_follow_scrapy():
+    """Without project settings the values are Scrapy 2.19's defaults."""
+    config = read()
+    assert config.domain_concurrency == 8
+    assert config.ip_concurrency == 0
+    assert config.scope_concurrency == 1
+    assert config.total_concurrency == 16
+    assert config.delay == 0.0
+    assert config.jitter == (-0.5, 0.5)
+    assert config.scopes == {}
+    assert config.slots == {}
+    assert config.scope_limit == 100_000
+    assert config.scope_max_idle == 3600.0
+    assert config.warn_threshold == 500
+    assert config.debug is False
+    assert config.manager is None
+    assert config.scope_manager is None
+
+
+def test_settings_error_is_a_value_error():
+    """SettingsError subclasses ValueError, so generic handlers still catch it."""
+    assert issubclass(SettingsError, ValueError)
+
+
+# ----------------------------------------------------------------- THROTTLING_SCOPES rejections
+
+
+def test_scope_entry_must_be_a_dict():
+    """THROTTLING_SCOPES = {'a': 1} is refused, naming the scope, the value and the shape."""
+    message = refuse({"THROTTLING_SCOPES": {"a": 1}})
+    assert "THROTTLING_SCOPES['a']" in message
+    assert "must be a dict" in message
+    assert "1, a int" in message
+    assert "'concurrency'" in message
+
+
+def test_throttling_scopes_must_be_a_dict():
+    """A THROTTLING_SCOPES that is not a mapping at all is refused."""
+    message = refuse({"THROTTLING_SCOPES": ["a", "b"]})
+    assert message.startswith("THROTTLING_SCOPES must be a dict")
+    assert "['a', 'b']" in message
+
+
+def test_scope_id_must_be_a_non_empty_string():
+    """Scope ids are non-empty strings."""
+    assert "non-empty scope ids" in refuse({"THROTTLING_SCOPES": {"": {"delay": 1}}})
+    assert "non-empty scope ids" in refuse({"THROTTLING_SCOPES": {3: {"delay": 1}}})
+
+
+def test_negative_delay_is_refused():
+    """A negative delay names the setting, the scope, the value and the rule."""
+    message = refuse({"THROTTLING_SCOPES": {"api": {"delay": -1}}})
+    assert message == "THROTTLING_SCOPES['api']['delay'] must be a number >= 0 (got -1, a int)"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("5s", id="unit-suffix"),
+        pytest.param(float("nan"), id="nan"),
+        pytest.param(float("inf"), id="inf"),
+        pytest.param(True, id="bool"),
+        pytest.param(None, id="none"),
+        pytest.param([1], id="list"),
+    ],
+)
+def test_delay_must_be_a_finite_number(value: Any):
+    """A delay that is not a finite number is refused, quoting what arrived."""
+    message = refuse({"THROTTLING_SCOPES": {"api": {"delay": value}}})
+    assert message.startswith("THROTTLING_SCOPES['api']['delay'] must be a number >= 0")
+    assert repr(value) in message
+
+
+def test_numeric_strings_are_accepted():
+    """Values from the command line arrive as strings and are converted."""
+    config = read({"THROTTLING_SCOPES": {"api": {"delay": "1.5", "concurrency": "3"}}})
+    assert config.scopes["api"] == {"delay": 1.5, "concurrency": 3}
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, "two", True])
+def test_concurrency_must_be_a_positive_integer(value: Any):
+    """Concurrency 0 (or any non-integer) is refused, naming the scope and the rule."""
+    message = refuse({"THROTTLING_SCOPES": {"a.example": {"concurrency": value}}})
+    assert message.startswith(
+        "THROTTLING_SCOPES['a.example']['concurrency'] must be an integer >= 1"
+    )
+    assert repr(value) in message
+
+
+def test_integral_float_concurrency_is_accepted():
+    """A float with an integral value, such as 2.0, is taken as the integer."""
+    assert read({"THROTTLING_SCOPES": {"a": {"concurrency": 2.0}}}).scopes["a"]["concurrency"] == 2
+
+
+def test_typo_suggests_the_right_key():
+    """{'a': {'concurency': 2}} is refused with a suggestion of 'concurrency'."""
+    message = refuse({"THROTTLING_SCOPES": {"a": {"concurency": 2}}})
+    assert "THROTTLING_SCOPES['a']" in message
+    assert "'concurency'" in message
+    assert "did you mean 'concurrency'?" in message
+    assert "accepted keys:" in message
+    for key in ("concurrency", "delay", "jitter", "manager", "min_concurrency"):
+        assert key in message
+
+
+def test_unknown_key_without_close_match_lists_accepted_keys():
+    """An unknown key that resembles nothing still lists every accepted key, without a guess."""
+    message = refuse({"THROTTLING_SCOPES": {"a": {"xyzzy": 2}}})
+    assert "did you mean" not in message
+    assert "'xyzzy'" in message
+    assert ", ".join(sorted(SCOPE_KEYS)) in message
+
+
+def test_reserved_keys_are_refused_not_ignored(monkeypatch):
+    """A key reserved for a feature not built yet is refused, naming scope, key and value."""
+    monkeypatch.setattr("slotkit.settings.RESERVED_SCOPE_KEYS", frozenset({"future"}))
+    message = refuse({"THROTTLING_SCOPES": {"api": {"future": 3}}})
+    assert "THROTTLING_SCOPES['api']['future']" in message
+    assert "not supported" in message
+    assert "3, a int" in message
+    assert "accepted keys:" in message
+
+
+def test_every_spec_key_is_accepted_or_reserved():
+    """Each ThrottlingScopeConfig key of the spec is implemented or explicitly refused."""
+    spec_keys = {
+        "concurrency",
+        "min_concurrency",
+        "delay",
+        "jitter",
+        "quota",
+        "window",
+        "rampup",
+        "backoff",
+        "manager",
+        "ignore_robots_txt",
+    }
+    assert spec_keys <= SCOPE_KEYS | RESERVED_SCOPE_KEYS
+    assert not SCOPE_KEYS & RESERVED_SCOPE_KEYS
+
+
+def test_ignore_robots_txt_must_be_a_bool():
+    """ignore_robots_txt takes True or False only."""
+    assert read({"THROTTLING_SCOPES": {"api": {"ignore_robots_txt": True}}})
+    message = refuse({"THROTTLING_SCOPES": {"api": {"ignore_robots_txt": "yes"}}})
+    assert "THROTTLING_SCOPES['api']['ignore_robots_txt']" in message
+    assert "'yes'" in message
+
+
+def test_min_concurrency_must_not_exceed_concurrency():
+    """min_concurrency above the scope's concurrency is refused with both numbers."""
+    message = refuse({"THROTTLING_SCOPES": {"a": {"concurrency": 2, "min_concurrency": 3}}})
+    assert "THROTTLING_SCOPES['a']['min_concurrency'] (3)" in message
+    assert "(2)" in message
+
+
+def test_min_concurrency_must_be_positive():
+    """min_concurrency 0 is refused."""
+    message = refuse({"THROTTLING_SCOPES": {"a": {"min_concurrency": 0}}})
+    assert message.startswith("THROTTLING_SCOPES['a']['min_concurrency'] must be an integer >= 1")
+
+
+def test_manager_must_import():
+    """A scope 'manager' that cannot be imported is refused, naming the path."""
+    message = refuse({"THROTTLING_SCOPES": {"a": {"manager": "no.such.module.Manager"}}})
+    assert "THROTTLING_SCOPES['a']['manager']" in message
+    assert "'no.such.module.Manager'" in message
+
+
+def test_manager_must_be_a_class():
+    """A scope 'manager' that names a function or a number is refused."""
+    assert "must name a class" in refuse(
+        {"THROTTLING_SCOPES": {"a": {"manager": "slotkit.settings.parse_jitter"}}}
+    )
+    assert "class or an import path" in refuse({"THROTTLING_SCOPES": {"a": {"manager": 3}}})
+
+
+def test_throttling_manager_must_import():
+    """THROTTLING_MANAGER naming nothing importable is refused at read time."""
+    message = refuse({"THROTTLING_MANAGER": "no.such.Manager"})
+    assert message.startswith("THROTTLING_MANAGER could not be imported from 'no.such.Manager'")
+
+
+def test_throttling_scope_manager_must_be_a_class():
+    """THROTTLING_SCOPE_MANAGER naming a non-class is refused."""
+    message = refuse({"THROTTLING_SCOPE_MANAGER": "slotkit.settings.parse_jitter"})
+    assert message.startswith("THROTTLING_SCOPE_MANAGER must name a class")
+
+
+def test_manager_classes_are_loaded():
+    """Import paths of managers are resolved to the classes."""
+    config = read(
+        {
+            "THROTTLING_MANAGER": "slotkit.manager.ThrottlingManager",
+            "THROTTLING_SCOPE_MANAGER": "slotkit.scope.ThrottlingScopeManager",
+            "THROTTLING_SCOPES": {"a": {"manager": "slotkit.scope.ThrottlingScopeManager"}},
+        }
+    )
+    from slotkit.manager import ThrottlingManager
+    from slotkit.scope import ThrottlingScopeManager
+
+    assert config.manager is ThrottlingManager
+    assert config.scope_manager is ThrottlingScopeManager
+    assert config.scopes["a"]["manager"] is ThrottlingScopeManager
+
+
+@pytest.mark.parametrize(
+    ("values", "start"),
+    [
+        (
+            {"CONCURRENT_REQUESTS_PER_DOMAIN": 0},
+            "CONCURRENT_REQUESTS_PER_DOMAIN must be an integer >= 1",
+        ),
+        pytest.param(
+            {"CONCURRENT_REQUESTS_PER_IP": -1},
+            "CONCURRENT_REQUESTS_PER_IP must be an integer >= 0",
+            marks=PER_IP_DEPRECATED,
+        ),
+        (
+            {"THROTTLING_SCOPE_CONCURRENCY": 0},
+            "THROTTLING_SCOPE_CONCURRENCY must be an integer >= 1",
+        ),
+        ({"CONCURRENT_REQUESTS": -1}, "CONCURRENT_REQUESTS must be an integer >= 0"),
+        ({"DOWNLOAD_DELAY": -0.5}, "DOWNLOAD_DELAY must be a number >= 0"),
+        ({"DOWNLOAD_DELAY_JITTER": -0.1}, "DOWNLOAD_DELAY_JITTER must be a number >= 0"),
+        ({"THROTTLING_SCOPE_LIMIT": -1}, "THROTTLING_SCOPE_LIMIT must be an integer >= 0"),
+        ({"THROTTLING_SCOPE_MAX_IDLE": -1}, "THROTTLING_SCOPE_MAX_IDLE must be a number >= 0"),
+        ({"DELAYED_REQUESTS_WARN_THRESHOLD": "many"}, "DELAYED_REQUESTS_WARN_THRESHOLD must be"),
+    ],
+)
+def test_global_settings_are_validated(values: dict[str, Any], start: str):
+    """Every numeric global setting is checked, and the message starts with its name."""
+    assert refuse(values).startswith(start)
+
+
+# ----------------------------------------------------------------- jitter
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.5, (-0.5, 0.5)),
+        (0, NO_JITTER),
+        ("0.25", (-0.25, 0.25)),
+        ([-0.1, 0.3], (-0.1, 0.3)),
+        ((0.0, 0.5), (0.0, 0.5)),
+        (True, (-0.5, 0.5)),
+        (False, NO_JITTER),
+    ],
+)
+def test_parse_jitter_forms(value: Any, expected: tuple[float, float]):
+    """A jitter is a magnitude, a [low, high] pair, or a RANDOMIZE_DOWNLOAD_DELAY-style bool."""
+    assert parse_jitter("X", value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ([0.1], "[low, high] pair"),
+        ([0.1, 0.2, 0.3], "[low, high] pair"),
+        ([0.3, 0.1], "low <= high"),
+        ([-1.5, 0.1], "X[0] must be a number >= -1"),
+        (-0.5, "X must be a number >= 0"),
+        ("wide", "X must be a number >= 0"),
+    ],
+)
+def test_parse_jitter_rejections(value: Any, fragment: str):
+    """Bad jitter values are refused, naming where they came from."""
+    with pytest.raises(SettingsError, match=r".*") as info:
+        parse_jitter("X", value)
+    assert fragment in str(info.value)
+
+
+def test_scope_jitter_overrides_the_default():
+    """A scope's own jitter replaces the crawl-wide one."""
+    config = read({"THROTTLING_SCOPES": {"a.example": {"jitter": [0.0, 0.2]}}})
+    assert config.scope_config("a.example", DOMAIN).jitter == (0.0, 0.2)
+    assert config.scope_config("b.example", DOMAIN).jitter == (-0.5, 0.5)
+
+
+def test_download_delay_jitter_sets_the_default():
+    """DOWNLOAD_DELAY_JITTER is the default jitter of every scope."""
+    assert read({"DOWNLOAD_DELAY_JITTER": 0.2}).jitter == (-0.2, 0.2)
+    assert read({"DOWNLOAD_DELAY_JITTER": [-0.1, 0.3]}).jitter == (-0.1, 0.3)
+
+
+def test_randomize_download_delay_false_wins_over_default_jitter():
+    """RANDOMIZE_DOWNLOAD_DELAY = False set by the project disables the default jitter."""
+    assert read({"RANDOMIZE_DOWNLOAD_DELAY": False}).jitter == NO_JITTER
+
+
+def test_download_delay_jitter_wins_at_equal_priority():
+    """Both set at the same priority: the current setting, DOWNLOAD_DELAY_JITTER, wins."""
+    config = read({"RANDOMIZE_DOWNLOAD_DELAY": False, "DOWNLOAD_DELAY_JITTER": 0.3})
+    assert config.jitter == (-0.3, 0.3)
+
+
+def test_randomize_download_delay_wins_at_higher_priority():
+    """RANDOMIZE_DOWNLOAD_DELAY set at a higher priority than DOWNLOAD_DELAY_JITTER wins."""
+    settings = Settings({"DOWNLOAD_DELAY_JITTER": 0.3})
+    settings.set("RANDOMIZE_DOWNLOAD_DELAY", False, priority="cmdline")
+    assert ThrottlingSettings.from_settings(settings).jitter == NO_JITTER
+    settings.set("RANDOMIZE_DOWNLOAD_DELAY", True, priority="cmdline")
+    assert ThrottlingSettings.from_settings(settings).jitter == (-0.5, 0.5)
+
+
+def test_download_delay_jitter_wins_at_higher_priority():
+    """DOWNLOAD_DELAY_JITTER set at a higher priority than RANDOMIZE_DOWNLOAD_DELAY wins."""
+    settings = Settings({"RANDOMIZE_DOWNLOAD_DELAY": False})
+    settings.set("DOWNLOAD_DELAY_JITTER", 0.1, priority="cmdline")
+    assert ThrottlingSettings.from_settings(settings).jitter == (-0.1, 0.1)
+
+
+# ----------------------------------------------------------------- DOWNLOAD_SLOTS
+
+
+def test_download_slots_map_onto_scope_options():
+    """DOWNLOAD_SLOTS concurrency, delay and jitter become the scope's options."""
+    config = read(
+        {"DOWNLOAD_SLOTS": {"a.example": {"concurrency": 2, "delay": THREE_DELAY, "jitter": 0.1}}}
+    )
+    scope = config.scope_config("a.example", DOMAIN)
+    assert (scope.concurrency, scope.delay, scope.jitter) == (2, THREE_DELAY, (-0.1, 0.1))
+    assert scope.sources["concurrency"] == "DOWNLOAD_SLOTS"
+    assert scope.sources["delay"] == "DOWNLOAD_SLOTS"
+
+
+def test_download_slots_randomize_delay():
+    """The older randomize_delay key maps to ±50% or no jitter."""
+    config = read(
+        {
+            "DOWNLOAD_DELAY_JITTER": 0.2,
+            "DOWNLOAD_SLOTS": {"on": {"randomize_delay": True}, "off": {"randomize_delay": False}},
+        }
+    )
+    assert config.scope_config("on", DOMAIN).jitter == (-0.5, 0.5)
+    assert config.scope_config("off", DOMAIN).jitter == NO_JITTER
+
+
+def test_download_slots_jitter_beats_randomize_delay():
+    """When a slot has both keys, jitter wins over randomize_delay, as in Scrapy."""
+    config = read({"DOWNLOAD_SLOTS": {"a": {"jitter": 0.1, "randomize_delay": True}}})
+    assert config.scope_config("a", DOMAIN).jitter == (-0.1, 0.1)
+
+
+def test_download_slots_rejections():
+    """Bad DOWNLOAD_SLOTS values are refused, naming the slot."""
+    assert "DOWNLOAD_SLOTS['a'] must be a dict" in refuse({"DOWNLOAD_SLOTS": {"a": 2}})
+    assert refuse({"DOWNLOAD_SLOTS": {"a": {"delay": -1}}}).startswith(
+        "DOWNLOAD_SLOTS['a']['delay'] must be a number >= 0"
+    )
+    assert refuse({"DOWNLOAD_SLOTS": {"a": {"concurrency": 0}}}).startswith(
+        "DOWNLOAD_SLOTS['a']['concurrency'] must be an integer >= 1"
+    )
+
+
+def test_throttling_scopes_override_download_slots():
+    """For the same id, THROTTLING_SCOPES wins over DOWNLOAD_SLOTS, key by key."""
+    config = read(
+        {
+            "DOWNLOAD_SLOTS": {"a": {"concurrency": 2, "delay": THREE_DELAY}},
+            "THROTTLING_SCOPES": {"a": {"delay": ONE_DELAY}},
+        }
+    )
+    scope = config.scope_config("a", DOMAIN)
+    assert (scope.concurrency, scope.delay) == (2, ONE_DELAY)
+    assert scope.sources["concurrency"] == "DOWNLOAD_SLOTS"
+    assert scope.sources["delay"] == "THROTTLING_SCOPES"
+
+
+# ----------------------------------------------------------------- resolving one scope
+
+
+def test_scope_kinds_choose_default_concurrency():
+    """domain → CONCURRENT_REQUESTS_PER_DOMAIN, custom → THROTTLING_SCOPE_CONCURRENCY."""
+    config = read(
+        {
+            "CONCURRENT_REQUESTS": 100,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 5,
+            "THROTTLING_SCOPE_CONCURRENCY": 3,
+        }
+    )
+    assert config.scope_config("a.example", DOMAIN).concurrency == 5
+    assert config.scope_config("api", CUSTOM).concurrency == 3
+    assert config.scope_config("10.0.0.1", IP).concurrency == 5  # PER_IP unset: domain default
+
+
+@PER_IP_DEPRECATED
+def test_ip_scopes_use_per_ip_when_set():
+    """IP scopes default to CONCURRENT_REQUESTS_PER_IP when it is above 0."""
+    config = read({"CONCURRENT_REQUESTS_PER_IP": 2, "CONCURRENT_REQUESTS_PER_DOMAIN": 5})
+    assert config.scope_config("10.0.0.1", IP).concurrency == 2
+    assert config.scope_config("a.example", DOMAIN).concurrency == 5
+    assert config.default_concurrency(IP) == 2
+
+
+def test_concurrent_requests_caps_scope_concurrency():
+    """CONCURRENT_REQUESTS caps every scope's concurrency, and says so in the sources."""
+    config = read(
+        {
+            "CONCURRENT_REQUESTS": 4,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+            "THROTTLING_SCOPES": {"big": {"concurrency": 100, "min_concurrency": 10}},
+        }
+    )
+    domain = config.scope_config("a.example", DOMAIN)
+    assert domain.concurrency == 4
+    assert domain.sources["concurrency"] == "CONCURRENT_REQUESTS (cap)"
+    big = config.scope_config("big", CUSTOM)
+    assert big.concurrency == 4
+    assert big.min_concurrency == 4  # the floor follows the cap
+
+
+def test_concurrent_requests_zero_is_no_cap():
+    """CONCURRENT_REQUESTS = 0 means no global cap."""
+    config = read({"CONCURRENT_REQUESTS": 0, "THROTTLING_SCOPES": {"big": {"concurrency": 100}}})
+    assert config.scope_config("big", CUSTOM).concurrency == 100
+
+
+def test_scope_config_defaults_and_sources():
+    """An unconfigured scope takes DOWNLOAD_DELAY and the default jitter, marked as defaults."""
+    config = read({"DOWNLOAD_DELAY": 2.0, "DOWNLOAD_DELAY_JITTER": 0})
+    scope = config.scope_config("a.example", DOMAIN)
+    assert isinstance(scope, ScopeConfig)
+    assert (scope.delay, scope.jitter, scope.min_concurrency) == (2.0, NO_JITTER, 1)
+    assert scope.manager is None
+    assert set(scope.sources.values()) == {"default"}
+
+
+def test_scope_config_is_frozen():
+    """A resolved ScopeConfig cannot be changed in place."""
+    scope = read().scope_config("a", DOMAIN)
+    with pytest.raises(AttributeError):
+        scope.delay = 5.0  # type: ignore[misc]
+
+
+def test_scope_config_as_dict_is_plain():
+    """as_dict() gives the plain values a scope manager's from_crawler receives."""
+    config = read({"THROTTLING_SCOPES": {"a": {"concurrency": 3, "delay": 1.5, "jitter": 0.1}}})
+    plain = config.scope_config("a", CUSTOM).as_dict()
+    assert plain["concurrency"] == 3
+    assert plain["delay"] == 1.5
+    assert plain["jitter"] == [-0.1, 0.1]
+    assert plain["min_concurrency"] == 1
+
+
+def test_scope_manager_setting_reaches_every_scope():
+    """THROTTLING_SCOPE_MANAGER is the manager of every scope, unless one names its own."""
+    config = read(
+        {
+            "THROTTLING_SCOPE_MANAGER": "slotkit.scope.ThrottlingScopeManager",
+            "THROTTLING_SCOPES": {"own": {"manager": f"{OtherManager.__module__}.OtherManager"}},
+        }
+    )
+    from slotkit.scope import ThrottlingScopeManager
+
+    assert config.scope_config("any", CUSTOM).manager is ThrottlingScopeManager
+    assert config.scope_config("own", CUSTOM).manager is OtherManager
+
+
+class OtherManager:
+    """A stand-in scope manager class loaded by import path."""
+
+
+def test_download_slots_unknown_key_warns_like_scrapy_ignores(caplog):
+    """Scrapy ignores unknown DOWNLOAD_SLOTS keys; slotkit keeps them working, with a warning."""
+    config = read({"DOWNLOAD_SLOTS": {"a": {"concurency": 2, "delay": 1.0}}})
+    assert config.scope_config("a", DOMAIN).delay == 1.0
+    assert "DOWNLOAD_SLOTS['a'] has an unknown key 'concurency'" in caplog.text
+    assert "did you mean 'concurrency'?" in caplog.text
