@@ -741,9 +741,44 @@ def run_demo(args: argparse.Namespace) -> int:
     return demo_main(args)
 
 
-#: The subcommands, in the order ``--help`` lists them. A new one (``migrate``) is a
-#: ``_register_migrate(subparsers)`` function that sets ``handler``, appended here.
-COMMANDS: list[Callable[[Any], None]] = [_register_demo, _register_explain]
+def _register_migrate(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "migrate",
+        help="print the slotkit equivalents of a project's throttling settings",
+        description=(
+            "Read a Scrapy project's settings (stock throttling, DOWNLOAD_SLOTS, "
+            "AutoThrottle) and print the equivalent slotkit settings, with a note per change."
+        ),
+    )
+    parser.add_argument(
+        "--settings-module",
+        metavar="MODULE",
+        help="import path of the project's settings module, e.g. `myproject.settings`",
+    )
+    parser.add_argument(
+        "-s",
+        "--set",
+        dest="overrides",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="set a setting, like `scrapy crawl -s`; repeatable",
+    )
+    parser.set_defaults(handler=run_migrate)
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    from slotkit.migration import format_report, migration_report
+
+    overrides = [parse_setting(text) for text in args.overrides]
+    settings = build_settings(args.settings_module, overrides)
+    print(format_report(migration_report(settings)))
+    return EXIT_OK
+
+
+#: The subcommands, in the order ``--help`` lists them; each registers a parser
+#: that sets ``handler``.
+COMMANDS: list[Callable[[Any], None]] = [_register_demo, _register_explain, _register_migrate]
 
 
 def build_parser() -> argparse.ArgumentParser:

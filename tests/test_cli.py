@@ -483,3 +483,24 @@ def test_python_dash_m_slotkit_bad_setting_exit_status():
     assert done.returncode == 2
     assert "did you mean 'delay'?" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_migrate_prints_the_equivalents(capsys: pytest.CaptureFixture[str]) -> None:
+    """`migrate` turns AutoThrottle and DOWNLOAD_SLOTS settings into slotkit's, with notes."""
+    status = main(
+        [
+            "migrate",
+            "-s",
+            "AUTOTHROTTLE_ENABLED=True",
+            "-s",
+            "AUTOTHROTTLE_START_DELAY=2",
+            "-s",
+            'DOWNLOAD_SLOTS={"a.example": {"delay": 3}}',
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "DOWNLOADER = 'slotkit.Downloader'" in out
+    assert "DOWNLOAD_DELAY = 2.0" in out
+    assert "# from AUTOTHROTTLE_MAX_DELAY" in out
+    assert "THROTTLING_SCOPES = {'a.example': {'delay': 3}}" in out
