@@ -15,6 +15,7 @@ from slotkit.manager import (
     scope_cache,
     update_scope_backoff,
 )
+from slotkit.scheduler import ThrottlingAwarePriorityQueue, ThrottlingAwareScheduler
 from slotkit.scope import ThrottlingScopeManager
 from slotkit.settings import ScopeConfig, SettingsError, ThrottlingSettings
 
@@ -27,6 +28,8 @@ __all__ = [
     "ScopeBackoff",
     "ScopeConfig",
     "SettingsError",
+    "ThrottlingAwarePriorityQueue",
+    "ThrottlingAwareScheduler",
     "ThrottlingManager",
     "ThrottlingScopeManager",
     "ThrottlingSettings",

@@ -33,6 +33,7 @@ from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
+from slotkit.scheduler import check_priority_queue
 from slotkit.robots import CrawlDelays, apply_crawl_delay
 from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
 from slotkit.settings import DOMAIN, ScopeConfig, SettingsError, ThrottlingSettings
@@ -70,7 +71,7 @@ class Downloader:
                 check_scope_manager_class(
                     f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"]
                 )
-        _check_priority_queue(crawler.settings)
+        check_priority_queue(crawler.settings)
         self.manager = build_manager(crawler, self.config.manager)
         if hasattr(self.manager, "attach"):
             self.manager.attach(self)
@@ -124,6 +125,11 @@ class Downloader:
         self.signals.connect(self._engine_started, signal=signals.engine_started)
         self._get_scopes = self.manager.get_scopes
         self._sync_scopes = not inspect.iscoroutinefunction(self._get_scopes)
+
+    @property
+    def clock(self) -> IReactorTime:
+        """The crawl's clock (the reactor, the asyncio loop, or a test's Clock)."""
+        return self._clock
 
     # The default delay of new scopes; AutoThrottle writes it (AUTOTHROTTLE_START_DELAY).
 
@@ -458,26 +464,6 @@ async def _resolved(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
     return value
-
-
-def _check_priority_queue(settings: Any) -> None:
-    """Refuse, with the fix, the one stock combination that cannot work.
-
-    Scrapy's default ``DownloaderAwarePriorityQueue`` raises a bare
-    ValueError when ``CONCURRENT_REQUESTS_PER_IP`` is set; slotkit's queue
-    supports per-IP scopes.
-    """
-    queue = settings.get("SCHEDULER_PRIORITY_QUEUE")
-    name = queue if isinstance(queue, str) else getattr(queue, "__name__", "")
-    if settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0 and name.endswith(
-        "DownloaderAwarePriorityQueue"
-    ):
-        raise SettingsError(
-            "CONCURRENT_REQUESTS_PER_IP is set, but SCHEDULER_PRIORITY_QUEUE is Scrapy's "
-            "DownloaderAwarePriorityQueue, which does not support it. Set "
-            "SCHEDULER_PRIORITY_QUEUE = 'slotkit.ThrottlingAwarePriorityQueue' (or enable "
-            "ADDONS = {'slotkit.Addon': 0}, which does it for you)."
-        )
 
 
 def _request_delay(request: Request) -> float:

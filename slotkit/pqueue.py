@@ -1,0 +1,549 @@
+"""A priority queue that knows which download slots can send right now.
+
+:class:`ThrottlingAwarePriorityQueue` keeps one priority sub-queue per
+download slot (the key ``downloader.get_slot_key(request)`` gives: with
+slotkit's downloader, the request's primary throttling scope), like Scrapy's
+``DownloaderAwarePriorityQueue`` and with the same disk layout, so either
+class can resume a job directory the other wrote. On top of that:
+
+1. **Order** (:meth:`~ThrottlingAwarePriorityQueue.rank`): the least busy
+   slot first, then the higher request priority, then the request using the
+   larger share of a scope's remaining quota, then the slot served longest
+   ago.
+2. **Readiness.** Slots are asked, in that order, whether their head request
+   could be sent now (``downloader.time_until_ready(head)``);
+   :meth:`~ThrottlingAwarePriorityQueue.pop_ready` takes from the first that
+   answers ``0.0``, so most slots are never asked, and
+   :meth:`~ThrottlingAwarePriorityQueue.next_ready_in` says when the soonest
+   held-back slot comes due. A "not yet" is remembered per slot: a finite
+   wait until it has passed, ``math.inf`` (full until a download finishes)
+   until any request leaves the downloader. Only a loosened limit (say,
+   AutoThrottle lowering a delay) makes a scope ready earlier than
+   remembered; the slot then goes at the old time, never too early.
+3. **Requests in transit.** Scrapy hands a request to the downloader through
+   an asyncio task, so the scopes of a request just popped do not count it
+   yet. Until the downloader reports it (``request_reached_downloader``), a
+   scope it uses is treated as not ready if one more request could change
+   that: it has a delay or a quota, its concurrency would be used up, or its
+   scope manager is not slotkit's. Without this, one engine loop could pop
+   several requests for a scope with one free place, and all but one would
+   wait in the downloader, holding a ``CONCURRENT_REQUESTS`` place each.
+
+``CONCURRENT_REQUESTS_PER_IP`` is supported: an IP scope is just another
+scope of the request, so it counts through ``time_until_ready``.
+
+With a downloader that has no ``time_until_ready`` (Scrapy's own), every slot
+counts as ready, and the queue behaves like ``DownloaderAwarePriorityQueue``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import inspect
+import itertools
+import logging
+import math
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+from weakref import WeakKeyDictionary
+
+from scrapy import signals
+from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
+
+from slotkit.manager import normalize_scopes
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.pqueues import QueueProtocol
+    from typing_extensions import Self
+
+__all__ = ["Readiness", "ThrottlingAwarePriorityQueue", "readiness_of"]
+
+logger = logging.getLogger("slotkit")
+
+#: Sort key of a ready slot; smaller goes first (see ``ThrottlingAwarePriorityQueue.rank``).
+Rank = tuple[float, ...]
+
+
+class _SlotQueue(ScrapyPriorityQueue):
+    """One slot's priority queue, whose :meth:`peek` agrees with :meth:`pop`.
+
+    Scrapy 2.19's ``peek`` looks at the start-request queue of the current
+    priority first while ``pop`` takes the other queue first; the readiness
+    check must look at the request that will really be popped.
+    """
+
+    def peek(self) -> Request | None:
+        prio = self.curprio
+        if prio is None:
+            return None
+        if prio not in self.queues and prio not in self._start_queues:
+            # pop() would first move on to the best non-empty priority.
+            live = [p for qs in (self.queues, self._start_queues) for p, q in qs.items() if q]
+            if not live:
+                return None
+            prio = min(live)
+        queue = self.queues.get(prio) or self._start_queues[prio]
+        return cast("Request | None", queue.peek())  # type: ignore[attr-defined]
+
+
+class Readiness:
+    """What both queues of a scheduler (memory and disk) share about the downloader.
+
+    One per crawler (see :func:`readiness_of`): the readiness query, the
+    requests popped but not yet seen by the downloader, and a counter bumped
+    whenever a request leaves the downloader.
+    """
+
+    def __init__(self, crawler: Crawler, downloader: Any) -> None:
+        # Weak: this object lives in a module-level WeakKeyDictionary keyed by the
+        # crawler, and the downloader refers to the crawler.
+        self._downloader = weakref.ref(downloader)
+        #: Whether the downloader answers ``time_until_ready`` (Scrapy's does not).
+        self.knows_readiness = callable(getattr(downloader, "time_until_ready", None))
+        #: Bumped when a request leaves the downloader (a concurrency place may be free).
+        self.generation = 0
+        #: Popped requests the downloader has not reported yet -> their scope ids.
+        self.transit: dict[Request, tuple[str, ...]] = {}
+        self.transit_scopes: Counter[str] = Counter()
+        self._waker: weakref.WeakMethod[Callable[[], None]] | None = None
+        get_scopes = getattr(getattr(downloader, "manager", None), "get_scopes", None)
+        self._sync_scopes = callable(get_scopes) and not inspect.iscoroutinefunction(get_scopes)
+        crawler.signals.connect(self._arrived, signal=signals.request_reached_downloader)
+        crawler.signals.connect(self._left, signal=signals.request_left_downloader)
+
+    def set_waker(self, method: Callable[[], None] | None) -> None:
+        """Call the bound *method* when a request in transit reaches the downloader.
+
+        Held weakly, like everything here that could keep a crawler alive.
+        """
+        self._waker = None if method is None else weakref.WeakMethod(method)
+
+    @property
+    def downloader(self) -> Any:
+        downloader = self._downloader()
+        if downloader is None:  # pragma: no cover - the crawl is over
+            raise RuntimeError("the downloader of this crawl is gone")
+        return downloader
+
+    # What the downloader will do with a request
+
+    def scopes(self, request: Request) -> dict[str, float | None]:
+        """Scope id -> quota amount of *request*, as far as a sync answer tells."""
+        scopes: dict[str, float | None] = {}
+        if self._sync_scopes:
+            with suppress(Exception):
+                scopes = normalize_scopes(self.downloader.manager.get_scopes(request))
+        elif isinstance(request.meta.get("throttling_scopes"), Mapping):
+            with suppress(Exception):
+                scopes = normalize_scopes(request.meta["throttling_scopes"])
+        if not scopes:
+            scopes = {self.downloader.get_slot_key(request): None}
+        return scopes
+
+    def wait(self, request: Request) -> float:
+        """Seconds until the downloader would send *request* at once (0.0: now)."""
+        if not self.knows_readiness:
+            return 0.0
+        return max(0.0, float(self.downloader.time_until_ready(request)))
+
+    def now(self) -> float:
+        clock_now = getattr(self.downloader, "now", None)
+        return float(clock_now()) if callable(clock_now) else 0.0
+
+    # Requests in transit
+
+    def handed_out(self, request: Request) -> None:
+        """*request* left the queue for the downloader; count it until it arrives."""
+        if not self.knows_readiness or request in self.transit:
+            return
+        ids = tuple(self.scopes(request))
+        self.transit[request] = ids
+        self.transit_scopes.update(ids)
+
+    def blocked_scopes(self) -> set[str]:
+        """Scopes that a request in transit may fill or hold; usually none.
+
+        Requests that will never arrive (a middleware answered them) are
+        forgotten first.
+        """
+        if not self.transit:
+            return set()
+        active = getattr(self.downloader, "active", None)
+        if active is not None:
+            for request in [r for r in self.transit if r not in active]:
+                self._drop(request)
+        return {
+            scope_id
+            for scope_id, count in self.transit_scopes.items()
+            if self._transit_matters(scope_id, count)
+        }
+
+    def _transit_matters(self, scope_id: str, count: int) -> bool:
+        """Could *count* more dispatches make *scope_id* wait? Unknown answers say yes."""
+        registry = getattr(self.downloader, "registry", None)
+        scope = registry.peek(scope_id) if registry is not None else None
+        if scope is None:
+            return True  # created when the first request arrives; its limits are unknown
+        manager = scope.manager
+        if getattr(manager, "quota", None) is not None:
+            return True
+        delay = getattr(manager, "current_delay", None)
+        active = getattr(manager, "active", None)
+        concurrency = getattr(manager, "concurrency", None)
+        if (
+            not isinstance(delay, (int, float))
+            or not isinstance(active, int)
+            or not isinstance(concurrency, int)
+        ):
+            return True  # a custom scope manager: assume the worst
+        return delay > 0 or active + count >= concurrency
+
+    def _drop(self, request: Request) -> bool:
+        ids = self.transit.pop(request, None)
+        if ids is None:
+            return False
+        self.transit_scopes.subtract(ids)
+        for scope_id in ids:
+            if self.transit_scopes[scope_id] <= 0:
+                del self.transit_scopes[scope_id]
+        return True
+
+    def reset(self) -> None:
+        """Forget the requests in transit (the crawl is closing)."""
+        self.transit.clear()
+        self.transit_scopes.clear()
+        self._waker = None
+
+    # Signal handlers
+
+    def _arrived(self, request: Request, spider: Any = None) -> None:
+        waker = self._waker() if self._waker is not None else None
+        if self._drop(request) and waker is not None:
+            waker()
+
+    def _left(self, request: Request, spider: Any = None) -> None:
+        self._drop(request)
+        self.generation += 1
+
+
+_readiness: WeakKeyDictionary[Crawler, Readiness] = WeakKeyDictionary()
+
+
+def readiness_of(crawler: Crawler, downloader: Any | None = None) -> Readiness:
+    """The :class:`Readiness` of *crawler* (created on first use)."""
+    readiness = _readiness.get(crawler)
+    if readiness is None or (downloader is not None and readiness._downloader() is not downloader):
+        if downloader is None:
+            downloader = crawler.engine.downloader
+        readiness = _readiness[crawler] = Readiness(crawler, downloader)
+    return readiness
+
+
+class ThrottlingAwarePriorityQueue:
+    """Per-slot priority queues; pops from slots whose scopes can send now.
+
+    Use it as ``SCHEDULER_PRIORITY_QUEUE``. With Scrapy's stock scheduler,
+    :meth:`pop` still returns a request while any is queued (the one due
+    soonest when none is ready); :class:`~slotkit.scheduler.ThrottlingAwareScheduler`
+    calls :meth:`pop_ready` instead, which returns ``None`` rather than a
+    request that would wait in the downloader.
+    """
+
+    @classmethod
+    def from_crawler(
+        cls,
+        crawler: Crawler,
+        downstream_queue_cls: type[QueueProtocol],
+        key: str,
+        startprios: Mapping[str, Iterable[int]] | Iterable[int] | None = None,
+        *,
+        start_queue_cls: type[QueueProtocol] | None = None,
+    ) -> Self:
+        return cls(crawler, downstream_queue_cls, key, startprios, start_queue_cls=start_queue_cls)
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        downstream_queue_cls: type[QueueProtocol],
+        key: str,
+        slot_startprios: Mapping[str, Iterable[int]] | Iterable[int] | None = None,
+        *,
+        start_queue_cls: type[QueueProtocol] | None = None,
+        downloader: Any | None = None,
+    ) -> None:
+        self.crawler = crawler
+        self.downstream_queue_cls = downstream_queue_cls
+        self._start_queue_cls = start_queue_cls
+        self.key = key
+        self.readiness = readiness_of(crawler, downloader)
+        self.downloader = self.readiness.downloader
+        #: slot key -> that slot's priority queue (never empty).
+        self.pqueues: dict[str, _SlotQueue] = {}
+        #: slot key -> its next request and that request's scopes (asked once per head).
+        self._heads: dict[str, tuple[Request, dict[str, float | None]]] = {}
+        #: slot key -> (not ready before, readiness generation when cached).
+        self._due: dict[str, tuple[float, int]] = {}
+        #: slot key -> when it was last served (a counter), for fairness among equals.
+        self._served: dict[str, int] = {}
+        self._turn = itertools.count(1)
+        if isinstance(slot_startprios, Mapping):
+            for slot, startprios in slot_startprios.items():
+                queue = self.pqfactory(slot, startprios)
+                if queue:
+                    self.pqueues[slot] = queue
+                else:  # nothing left on disk for it: never keep an empty slot queue
+                    queue.close()
+        elif slot_startprios:
+            self._migrate(list(slot_startprios))
+
+    def pqfactory(self, slot: str, startprios: Iterable[int] = ()) -> _SlotQueue:
+        """The priority queue of *slot* (stored under ``key/<path-safe slot>`` on disk)."""
+        return _SlotQueue(
+            self.crawler,
+            self.downstream_queue_cls,
+            self.key + "/" + _path_safe(slot),
+            startprios,
+            start_queue_cls=self._start_queue_cls,
+        )
+
+    def _migrate(self, startprios: list[int]) -> None:
+        """Resume a job saved by ``ScrapyPriorityQueue``: move its requests into slot queues."""
+        if not all(isinstance(p, int) for p in startprios):
+            raise ValueError(
+                f"{type(self).__name__} cannot resume this job directory: its queue state "
+                f"{startprios!r} was written by an unknown priority queue. Resume it with the "
+                "SCHEDULER_PRIORITY_QUEUE it was started with, or start a new JOBDIR."
+            )
+        legacy = ScrapyPriorityQueue(
+            self.crawler,
+            self.downstream_queue_cls,
+            self.key,
+            startprios,
+            start_queue_cls=self._start_queue_cls,
+        )
+        moved = 0
+        while (request := legacy.pop()) is not None:
+            self.push(request)
+            moved += 1
+        legacy.close()
+        logger.info("slotkit: moved %d queued requests into per-slot queues", moved)
+
+    # Queue protocol
+
+    def push(self, request: Request) -> None:
+        slot = self.downloader.get_slot_key(request)
+        queue = self.pqueues.get(slot)
+        if queue is None:
+            queue = self.pqueues[slot] = self.pqfactory(slot)
+        try:
+            queue.push(request)
+        except Exception:
+            # An unserializable request (the scheduler then keeps it in memory):
+            # leave no empty slot queue behind.
+            if not queue:
+                del self.pqueues[slot]
+                queue.close()
+            raise
+        self._forget(slot)
+
+    def pop(self) -> Request | None:
+        """The best ready request; if none is ready, the one due soonest."""
+        slot, _ = self._choose(fallback=True)
+        return None if slot is None else self._take(slot)
+
+    def pop_ready(self) -> Request | None:
+        """The best request the downloader would send at once, or ``None``."""
+        slot, _ = self._choose(fallback=False)
+        return None if slot is None else self._take(slot)
+
+    def next_ready_in(self) -> float:
+        """Seconds until some slot may be ready (``inf``: only a finished download can tell)."""
+        slot, wait = self._choose(fallback=False)
+        return 0.0 if slot is not None else wait
+
+    def peek(self) -> Request | None:
+        """The request :meth:`pop` would return, left in the queue."""
+        slot, _ = self._choose(fallback=True)
+        return None if slot is None else self._head(slot)
+
+    def close(self) -> dict[str, list[int]]:
+        active = {slot: queue.close() for slot, queue in self.pqueues.items()}
+        self.pqueues.clear()
+        self._heads.clear()
+        self._due.clear()
+        return active
+
+    def __len__(self) -> int:
+        return sum(len(queue) for queue in self.pqueues.values())
+
+    def __contains__(self, slot: str) -> bool:
+        return slot in self.pqueues
+
+    # Choosing a slot
+
+    def rank(self, slot: str, head: Request) -> Rank:
+        """Sort key of *slot*, whose next request is *head*; smaller goes first.
+
+        Least busy slot, then higher priority, then larger quota share (so a
+        big request is not starved by small ones), then longest unserved.
+        Only slots that can send now compete, but the rank is computed before
+        readiness is known: readiness is then asked in rank order, and the
+        first ready slot wins.
+        """
+        known = self._heads.get(slot)
+        scopes = known[1] if known is not None and known[0] is head else None
+        # Only requests that name amounts compete on quota share.
+        names_amounts = scopes is None or any(v is not None for v in scopes.values())
+        share = self.quota_share(head, scopes) if names_amounts else 0.0
+        return (self.busy(slot), -head.priority, -share, self._served.get(slot, 0))
+
+    def busy(self, slot: str) -> int:
+        """Requests of *slot* in the downloader (waiting or in flight)."""
+        registry = getattr(self.downloader, "registry", None)
+        if registry is not None:
+            scope = registry.peek(slot)
+            return len(scope.requests) if scope is not None else 0
+        slots = getattr(self.downloader, "slots", None)
+        view = slots.get(slot) if slots is not None else None
+        return len(view.active) if view is not None else 0
+
+    def quota_share(
+        self, request: Request, scopes: Mapping[str, float | None] | None = None
+    ) -> float:
+        """The largest share of a scope's remaining quota that *request* would use.
+
+        ``0.0`` unless the request names amounts (``throttling_scopes`` as a
+        dict, or such a ``get_scopes`` answer) for scopes that count a quota.
+        A scope manager tells its remaining quota through a
+        ``quota_available(now)`` method, or a ``quota`` object with
+        ``remaining(now)`` (slotkit's default manager). *scopes*: the
+        request's scopes, if already known.
+        """
+        if scopes is None:
+            scopes = self.readiness.scopes(request)
+        amounts = {k: v for k, v in scopes.items() if v is not None}
+        registry = getattr(self.downloader, "registry", None)
+        if not amounts or registry is None:
+            return 0.0
+        share = 0.0
+        now = self.readiness.now()
+        for scope_id, amount in amounts.items():
+            scope = registry.peek(scope_id)
+            available = None if scope is None else _quota_available(scope.manager, now)
+            if available is not None:
+                share = max(share, amount / available if available > 0 else math.inf)
+        return share
+
+    def _choose(self, *, fallback: bool) -> tuple[str | None, float]:
+        """The slot to pop from, or ``(None, seconds until the soonest one may be)``.
+
+        1. Slots with a cached "not yet" are skipped (see the module docstring).
+        2. The others are ranked, and asked for readiness best first; the
+           first ready one wins, so most slots are never asked.
+        With *fallback*, a slot is returned whenever any request is queued.
+        """
+        readiness = self.readiness
+        if not readiness.knows_readiness:  # Scrapy's downloader: everything is ready
+            ranked = [(self.rank(slot, self._head(slot)), slot) for slot in self.pqueues]
+            return (min(ranked)[1], 0.0) if ranked else (None, math.inf)
+        now = readiness.now()
+        soonest = math.inf
+        soonest_slot: str | None = None
+        candidates: list[tuple[Rank, str]] = []
+        for slot in self.pqueues:
+            wait = self._cached_wait(slot, now)
+            if wait is None:
+                candidates.append((self.rank(slot, self._head(slot)), slot))
+            elif wait < soonest or soonest_slot is None:
+                soonest, soonest_slot = wait, slot
+        heapq.heapify(candidates)
+        blocked = readiness.blocked_scopes()
+        while candidates:
+            _, slot = heapq.heappop(candidates)
+            wait = self._ask(slot, now, blocked)
+            if wait <= 0:
+                return slot, 0.0
+            if wait < soonest or soonest_slot is None:
+                soonest, soonest_slot = wait, slot
+        return (soonest_slot if fallback else None), soonest
+
+    def _cached_wait(self, slot: str, now: float) -> float | None:
+        """The remembered wait of *slot*, or ``None`` if it must be asked."""
+        cached = self._due.get(slot)
+        if cached is None:
+            return None
+        due, generation = cached
+        if math.isinf(due):
+            return math.inf if generation == self.readiness.generation else None
+        return due - now if now < due else None
+
+    def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
+        """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
+        readiness = self.readiness
+        head = self._head(slot)
+        wait = readiness.wait(head)
+        if wait > 0:
+            self._due[slot] = (now + wait, readiness.generation)
+            return wait
+        if blocked and not blocked.isdisjoint(self._heads[slot][1]):
+            return math.inf  # not remembered: the arrival of the request in transit decides
+        return 0.0
+
+    def _head(self, slot: str) -> Request:
+        known = self._heads.get(slot)
+        if known is not None:
+            return known[0]
+        try:
+            head = self.pqueues[slot].peek()
+        except (AttributeError, NotImplementedError) as exc:
+            queue_cls = self.downstream_queue_cls
+            raise TypeError(
+                f"{type(self).__name__} needs queues that can peek; "
+                f"{queue_cls.__module__}.{queue_cls.__qualname__} cannot. "
+                "Use one of Scrapy's SCHEDULER_DISK_QUEUE / SCHEDULER_MEMORY_QUEUE "
+                "classes (queuelib >= 1.6.2) or add a peek() method."
+            ) from exc
+        if head is None:  # pragma: no cover - sub-queues are never kept empty
+            raise RuntimeError(f"slot queue {slot!r} is empty")
+        self._heads[slot] = (head, self.readiness.scopes(head))
+        return head
+
+    def _take(self, slot: str) -> Request | None:
+        queue = self.pqueues[slot]
+        request = queue.pop()
+        self._forget(slot)
+        self._served[slot] = next(self._turn)
+        if not queue:
+            del self.pqueues[slot]
+            self._served.pop(slot, None)
+            queue.close()
+            if self.key:
+                # The slot's directory goes once its queues removed their files.
+                with suppress(OSError):
+                    Path(self.key, _path_safe(slot)).rmdir()
+        if request is not None:
+            self.readiness.handed_out(request)
+        return request
+
+    def _forget(self, slot: str) -> None:
+        self._heads.pop(slot, None)
+        self._due.pop(slot, None)
+
+
+def _quota_available(manager: Any, now: float) -> float | None:
+    """The quota *manager* has left at *now*, or ``None`` if it counts none."""
+    method = getattr(manager, "quota_available", None)
+    if callable(method):
+        value = method(now)
+        return None if value is None else float(value)
+    quota = getattr(manager, "quota", None)
+    remaining = getattr(quota, "remaining", None)
+    if callable(remaining):
+        return float(remaining(now))
+    return None

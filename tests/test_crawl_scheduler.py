@@ -1,0 +1,260 @@
+"""Real crawls with the throttling-aware scheduler, on the loopback test server.
+
+127.0.0.2 plays a heavily throttled site, 127.0.0.1 a free one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy import signals
+from scrapy.crawler import Crawler
+from scrapy.resolver import dnscache
+from scrapy.utils.defer import deferred_from_coro
+
+from tests.crawl import EPOLL_REACTOR, ListSpider, run_crawl, run_crawl_subprocess_async
+from tests.server import MockSite
+
+pytestmark = pytest.mark.integration
+
+SLOW_HOST = "127.0.0.2"
+FAST_HOST = "127.0.0.1"
+PAGES = 100
+ONE_MINUTE = 60.0
+
+BASE = {
+    "DOWNLOADER": "slotkit.Downloader",
+    "RANDOMIZE_DOWNLOAD_DELAY": False,
+    "DOWNLOAD_DELAY_JITTER": 0,
+    "CONCURRENT_REQUESTS": 2,
+    "LOG_LEVEL": "INFO",
+}
+AWARE = {
+    **BASE,
+    "SCHEDULER": "slotkit.scheduler.ThrottlingAwareScheduler",
+    "SCHEDULER_PRIORITY_QUEUE": "slotkit.pqueue.ThrottlingAwarePriorityQueue",
+}
+SLOW_SCOPE = {"THROTTLING_SCOPES": {SLOW_HOST: {"delay": ONE_MINUTE}}}
+
+
+def pages(site: MockSite, host: str, count: int, start: int = 0) -> list[str]:
+    return [site.url(host, f"/page/{n}") for n in range(start, start + count)]
+
+
+def close_when(
+    wanted: int, host: str, reason: str, seen: list[float] | None = None
+) -> Callable[[Crawler], None]:
+    """An ``on_crawler`` hook closing the spider once *wanted* responses of *host* came."""
+
+    def hook(crawler: Crawler) -> None:
+        count = 0
+
+        def received(response: Any, request: Any, spider: Any) -> None:
+            nonlocal count
+            if f"//{host}:" in request.url:
+                count += 1
+                if count == wanted:
+                    from twisted.internet import reactor
+
+                    if seen is not None:
+                        seen.append(reactor.seconds())
+                    deferred_from_coro(crawler.engine.close_spider_async(reason=reason))
+
+        crawler.signals.connect(received, signals.response_received, weak=False)
+
+    return hook
+
+
+def stop_after(seconds: float, reason: str) -> Callable[[Crawler], None]:
+    """An ``on_crawler`` hook that stops the crawl *seconds* after the engine starts.
+
+    Requests waiting inside the downloader would hold a graceful close for
+    minutes, so the engine is paused and the downloader closed first.
+    """
+
+    def hook(crawler: Crawler) -> None:
+        def started() -> None:
+            from twisted.internet import reactor
+
+            def stop() -> None:
+                engine = crawler.engine
+                if engine.spider is None:
+                    return
+                engine.pause()
+                engine.downloader.close()
+                deferred_from_coro(engine.close_spider_async(reason=reason))
+
+            reactor.callLater(seconds, stop)
+
+        crawler.signals.connect(started, signals.engine_started, weak=False)
+
+    return hook
+
+
+def fast_done(result: Any) -> int:
+    return sum(1 for r in result.responses if f"//{FAST_HOST}:" in r.url)
+
+
+@pytest.mark.parametrize(
+    "throttle",
+    [SLOW_SCOPE, {"DOWNLOAD_SLOTS": {SLOW_HOST: {"delay": ONE_MINUTE}}}],
+    ids=["THROTTLING_SCOPES", "DOWNLOAD_SLOTS"],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_free_host_is_not_blocked_by_a_throttled_one(
+    mock_site: MockSite, throttle: dict[str, Any]
+) -> None:
+    """100 pages of a free host finish in seconds behind 100 requests of a 60 s-delay host."""
+    urls = pages(mock_site, SLOW_HOST, PAGES) + pages(mock_site, FAST_HOST, PAGES)
+    result = await run_crawl(
+        ListSpider,
+        {**AWARE, **throttle},
+        urls=urls,
+        on_crawler=close_when(PAGES, FAST_HOST, "fast_done"),
+        crawl_timeout=30,
+    )
+    result.assert_no_unhandled_errors()
+    assert result.finish_reason == "fast_done"
+    assert fast_done(result) == PAGES
+    assert result.duration < 15  # about 1-2 s on an idle machine
+    assert mock_site.recorder.count(SLOW_HOST) == 1  # the delay held
+    # Nothing waited inside the downloader: no CONCURRENT_REQUESTS place was held.
+    assert result.stats.get("throttling/requests_delayed", 0) == 0
+    assert result.stats["throttling/scheduler/held_back"] > 0
+    assert result.stats["scheduler/enqueued"] == 2 * PAGES
+
+
+@pytest_twisted.ensureDeferred
+async def test_for_comparison_scrapys_scheduler_is_blocked(mock_site: MockSite) -> None:
+    """Same crawl, Scrapy's scheduler in request order: the free host waits behind the slow one."""
+    urls = pages(mock_site, SLOW_HOST, PAGES) + pages(mock_site, FAST_HOST, PAGES)
+    window = 3.0
+    result = await run_crawl(
+        ListSpider,
+        {**BASE, **SLOW_SCOPE, "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue"},
+        urls=urls,
+        on_crawler=stop_after(window, "window"),
+        crawl_timeout=30,
+    )
+    assert result.finish_reason == "window"
+    assert fast_done(result) == 0  # both CONCURRENT_REQUESTS places wait for the slow host
+    assert mock_site.recorder.count(SLOW_HOST) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_timer_wakes_the_engine_when_a_delay_ends(mock_site: MockSite) -> None:
+    """Held requests go out when due, not at the engine's 5 s heartbeat."""
+    delay = 0.4
+    urls = pages(mock_site, SLOW_HOST, 4)
+    result = await run_crawl(
+        ListSpider, {**AWARE, "THROTTLING_SCOPES": {SLOW_HOST: {"delay": delay}}}, urls=urls
+    )
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 4
+    gaps = mock_site.recorder.gaps(SLOW_HOST)
+    assert min(gaps) >= delay - 0.02
+    assert max(gaps) < delay + 1.0  # a missed wake-up would wait for the heartbeat (5 s)
+    assert result.stats["throttling/scheduler/wakeups"] >= 3
+    assert result.stats.get("throttling/requests_delayed", 0) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_finished_download_wakes_the_engine_for_a_full_scope(mock_site: MockSite) -> None:
+    """Held because a scope is full (inf): no timer; the end of a download brings the next."""
+    answer = 0.3
+    urls = [mock_site.url(SLOW_HOST, f"/page/{n}", delay=answer) for n in range(4)]
+    settings = {**AWARE, "CONCURRENT_REQUESTS": 4, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 4
+    assert mock_site.recorder.max_in_flight[SLOW_HOST] == 1
+    assert max(mock_site.recorder.gaps(SLOW_HOST)) < answer + 1.0  # not the 5 s heartbeat
+    assert result.stats.get("throttling/scheduler/wakeups", 0) == 0
+    assert result.stats.get("throttling/requests_delayed", 0) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_free_host_is_not_blocked_under_a_plain_twisted_reactor() -> None:
+    """The same holds on a non-asyncio reactor (run in a subprocess)."""
+    urls = [f"http://{SLOW_HOST}:{{port}}/page/{n}" for n in range(PAGES)] + [
+        f"http://{FAST_HOST}:{{port}}/page/{n}" for n in range(PAGES)
+    ]
+    result = await run_crawl_subprocess_async(
+        reactor=EPOLL_REACTOR,
+        # One item per response: the slow host's first page plus every fast page.
+        settings={**AWARE, **SLOW_SCOPE, "CLOSESPIDER_ITEMCOUNT": PAGES + 1},
+        spider_kwargs={"urls": urls},
+    )
+    assert result["stats"]["finish_reason"] == "closespider_itemcount"
+    fast = [r for r in result["responses"] if f"//{FAST_HOST}:" in r["url"]]
+    assert len(fast) == PAGES
+    assert result["finished"] - result["started"] < 15
+    assert result["stats"].get("throttling/requests_delayed", 0) == 0
+
+
+@pytest.fixture
+def cached_names() -> Iterator[dict[str, str]]:
+    """Names put in Scrapy's DNS cache for one test (as its caching resolver would)."""
+    names: dict[str, str] = {}
+    yield names
+    for name in names:
+        dnscache.pop(name, None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_per_ip_limits_are_held_in_the_scheduler(
+    mock_site: MockSite, cached_names: dict[str, str]
+) -> None:
+    """CONCURRENT_REQUESTS_PER_IP works with slotkit's queue, and waits happen in the scheduler."""
+    hosts = {"a.example.test": FAST_HOST, "b.example.test": FAST_HOST}
+    cached_names.update(hosts)
+    for name, address in hosts.items():
+        dnscache[name] = address
+    urls = [
+        f"http://{name}:{mock_site.port}/page/{n}?delay=0.1" for n in range(4) for name in hosts
+    ]
+    settings = {
+        **AWARE,
+        "CONCURRENT_REQUESTS": 8,
+        "CONCURRENT_REQUESTS_PER_IP": 1,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve=hosts)
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 8
+    assert mock_site.recorder.max_concurrency() == 1
+    assert result.stats.get("throttling/requests_delayed", 0) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_held_requests_survive_pause_and_resume(mock_site: MockSite, tmp_path: Path) -> None:
+    """With JOBDIR, requests held for a throttled host stay queued on disk across a restart."""
+    jobdir = str(tmp_path / "job")
+    settings = {**AWARE, **SLOW_SCOPE, "JOBDIR": jobdir}
+    slow = pages(mock_site, SLOW_HOST, 5)
+    first = await run_crawl(
+        ListSpider,
+        settings,
+        urls=slow + pages(mock_site, FAST_HOST, 5),
+        dont_filter=False,
+        on_crawler=close_when(5, FAST_HOST, "paused"),
+    )
+    first.assert_no_unhandled_errors()
+    assert first.finish_reason == "paused"
+    assert mock_site.recorder.count(SLOW_HOST) == 1
+    assert first.stats.get("dupefilter/filtered", 0) == 0
+
+    # The user lowers the delay and resumes; the spider yields nothing new.
+    resumed_settings = {**settings, "THROTTLING_SCOPES": {SLOW_HOST: {"delay": 0.05}}}
+    second = await run_crawl(ListSpider, resumed_settings, urls=[], dont_filter=False)
+    second.assert_no_unhandled_errors()
+    assert "Resuming crawl (4 requests scheduled)" in second.log_text
+    assert second.finish_reason == "finished"
+    assert sorted(r.url for r in second.responses) == sorted(slow[1:])
+    assert second.stats["scheduler/dequeued/disk"] == 4
+    assert second.stats.get("dupefilter/filtered", 0) == 0
+    assert mock_site.recorder.paths(SLOW_HOST) == [f"/page/{n}" for n in range(5)]

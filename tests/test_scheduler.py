@@ -1,0 +1,654 @@
+"""Unit tests of the throttling-aware scheduler and priority queue, on a Clock.
+
+Two kinds of downloader stand in for the real one: :class:`FakeDownloader`
+answers ``time_until_ready`` from a table (to test the queue's choices), and
+slotkit's own :class:`~slotkit.Downloader` built on a ``Clock`` (to test that
+what the queue hands out really passes the gate at once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from scrapy import Request, Spider, signals
+from scrapy.dupefilters import RFPDupeFilter
+from scrapy.pqueues import DownloaderAwarePriorityQueue, ScrapyPriorityQueue
+from scrapy.squeues import FifoMemoryQueue, PickleFifoDiskQueue
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+from twisted.internet.task import Clock
+
+from slotkit.downloader import Downloader
+from slotkit.manager import normalize_scopes
+from slotkit.pqueue import ThrottlingAwarePriorityQueue
+from slotkit.scheduler import ThrottlingAwareScheduler, check_priority_queue
+from slotkit.validation import SettingsError
+
+ONE_DELAY = 10.0
+SOON = 2.0
+
+IN_MEMORY = {
+    "DOWNLOAD_HANDLERS": {
+        "http": "slotkit.testing.InMemoryDownloadHandler",
+        "https": "slotkit.testing.InMemoryDownloadHandler",
+    },
+    "RANDOMIZE_DOWNLOAD_DELAY": False,
+    "DOWNLOAD_DELAY_JITTER": 0,
+}
+
+
+# ----------------------------------------------------------------------------- fakes
+
+
+class FakeSlot:
+    def __init__(self) -> None:
+        self.active: set[Request] = set()
+
+
+class FakeDownloader:
+    """Answers ``time_until_ready`` from ``opens_at`` (slot -> time; ``inf``: full)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.opens_at: dict[str, float] = {}
+        self.slots: dict[str, FakeSlot] = {}
+        self.active: set[Request] = set()
+        self.asked: Counter[str] = Counter()
+
+    def get_slot_key(self, request: Request) -> str:
+        return str(request.meta.get("slot") or urlparse_cached(request).hostname)
+
+    def time_until_ready(self, request: Request) -> float:
+        key = self.get_slot_key(request)
+        self.asked[key] += 1
+        opens = self.opens_at.get(key, 0.0)
+        return math.inf if math.isinf(opens) else max(0.0, opens - self.clock.seconds())
+
+    def now(self) -> float:
+        return self.clock.seconds()
+
+    def busy(self, slot: str, count: int) -> None:
+        self.slots[slot] = FakeSlot()
+        self.slots[slot].active = {Request(f"http://{slot}/busy/{i}") for i in range(count)}
+
+
+class NextCall:
+    def __init__(self) -> None:
+        self.scheduled = 0
+
+    def schedule(self, delay: float = 0) -> None:
+        self.scheduled += 1
+
+
+def attach_engine(crawler: Any, downloader: Any) -> NextCall:
+    nextcall = NextCall()
+    crawler.engine = SimpleNamespace(
+        downloader=downloader, _slot=SimpleNamespace(nextcall=nextcall)
+    )
+    return nextcall
+
+
+def req(host: str, n: int = 0, **kwargs: Any) -> Request:
+    return Request(f"http://{host}/{n}", **kwargs)
+
+
+def make_queue(
+    clock: Clock | None = None, settings: dict[str, Any] | None = None
+) -> tuple[ThrottlingAwarePriorityQueue, FakeDownloader, Clock]:
+    clock = clock or Clock()
+    crawler = get_crawler(settings_dict=settings or {})
+    downloader = FakeDownloader(clock)
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    return queue, downloader, clock
+
+
+def url_of(request: Request | None) -> str:
+    assert request is not None
+    return request.url
+
+
+def drain(queue: ThrottlingAwarePriorityQueue) -> list[str]:
+    urls = []
+    while (request := queue.pop_ready()) is not None:
+        urls.append(request.url)
+    return urls
+
+
+# ----------------------------------------------------------------------------- the queue
+
+
+def test_pop_ready_skips_slots_that_must_wait() -> None:
+    """A request whose slot must wait stays queued; a ready slot's request is popped."""
+    queue, downloader, _ = make_queue()
+    downloader.opens_at["slow"] = ONE_DELAY
+    queue.push(req("slow", 1))
+    queue.push(req("fast", 1))
+    assert url_of(queue.pop_ready()) == "http://fast/1"
+    assert queue.pop_ready() is None
+    assert len(queue) == 1
+
+
+def test_next_ready_in_names_the_soonest_wait() -> None:
+    """The soonest finite wait is reported; a slot full until a download ends reports inf."""
+    queue, downloader, clock = make_queue()
+    downloader.opens_at.update({"a": ONE_DELAY, "b": SOON, "c": math.inf})
+    for host in "abc":
+        queue.push(req(host))
+    assert queue.next_ready_in() == SOON
+    clock.advance(SOON)
+    assert queue.next_ready_in() == 0.0
+    assert url_of(queue.pop_ready()) == "http://b/0"
+    assert queue.next_ready_in() == ONE_DELAY - SOON
+    clock.advance(ONE_DELAY)
+    queue.pop_ready()
+    assert queue.next_ready_in() == math.inf
+
+
+def test_least_busy_ready_slot_goes_first() -> None:
+    """Among ready slots, the one with fewer requests in the downloader goes first."""
+    queue, downloader, _ = make_queue()
+    downloader.busy("a", 3)
+    downloader.busy("b", 1)
+    queue.push(req("a"))
+    queue.push(req("b"))
+    queue.push(req("c"))
+    assert drain(queue) == ["http://c/0", "http://b/0", "http://a/0"]
+
+
+def test_priority_then_fairness_among_equally_busy_slots() -> None:
+    """Equally busy: the higher priority first, then the slot served longest ago."""
+    queue, _, _ = make_queue()
+    queue.push(req("a", 1))
+    queue.push(req("a", 2))
+    queue.push(req("b", 1))
+    queue.push(req("b", 2))
+    queue.push(req("c", 1, priority=5))
+    order = drain(queue)
+    assert order[0] == "http://c/1"
+    hosts = [urlparse_cached(Request(u)).hostname for u in order[1:]]
+    assert hosts[0] != hosts[1]
+    assert hosts[2] != hosts[3]
+
+
+def test_larger_quota_share_goes_first_when_all_else_is_equal() -> None:
+    """A request using more of a scope's remaining quota is preferred (spec: quotas)."""
+    queue, downloader, _ = make_queue()
+    quotas = {"api-a": 100.0, "api-b": 10.0}
+
+    class Manager:
+        def __init__(self, left: float) -> None:
+            self.left = left
+
+        def quota_available(self, now: float) -> float:
+            return self.left
+
+    downloader.registry = SimpleNamespace(  # type: ignore[attr-defined]
+        peek=lambda scope_id: (
+            SimpleNamespace(manager=Manager(quotas[scope_id])) if scope_id in quotas else None
+        )
+    )
+    small = req("a", meta={"slot": "a", "throttling_scopes": {"api-a": 20.0}})  # 20 %
+    large = req("b", meta={"slot": "b", "throttling_scopes": {"api-b": 5.0}})  # 50 %
+    plain = req("c", meta={"slot": "c"})
+    for request in (small, plain, large):
+        queue.push(request)
+    assert queue.quota_share(large) == 0.5
+    assert queue.quota_share(plain) == 0.0
+    assert [queue.pop_ready() for _ in range(3)] == [large, small, plain]
+
+
+def test_pop_falls_back_to_the_soonest_for_stock_schedulers() -> None:
+    """pop() never answers None while requests are queued (Scrapy's scheduler relies on it)."""
+    queue, downloader, _ = make_queue()
+    downloader.opens_at.update({"a": ONE_DELAY, "b": SOON})
+    queue.push(req("a"))
+    queue.push(req("b"))
+    assert queue.pop_ready() is None
+    assert url_of(queue.peek()) == "http://b/0"
+    assert url_of(queue.pop()) == "http://b/0"
+    assert url_of(queue.pop()) == "http://a/0"
+    assert queue.pop() is None
+
+
+def test_finite_waits_are_not_asked_again_before_they_end() -> None:
+    """A slot known to wait 10 s is not re-queried until then (cheap scans, many slots)."""
+    queue, downloader, clock = make_queue()
+    downloader.opens_at["slow"] = ONE_DELAY
+    queue.push(req("slow"))
+    for _ in range(5):
+        assert queue.pop_ready() is None
+    assert downloader.asked["slow"] == 1
+    clock.advance(ONE_DELAY)
+    assert queue.pop_ready() is not None
+    assert downloader.asked["slow"] == 2
+
+
+def test_full_slots_are_asked_again_after_a_download_leaves() -> None:
+    """inf is trusted until a request leaves the downloader (request_left_downloader)."""
+    queue, downloader, _ = make_queue()
+    downloader.opens_at["full"] = math.inf
+    queue.push(req("full"))
+    assert queue.pop_ready() is None
+    assert queue.pop_ready() is None
+    assert downloader.asked["full"] == 1
+    downloader.opens_at["full"] = 0.0
+    queue.crawler.signals.send_catch_log(
+        signals.request_left_downloader, request=req("other"), spider=None
+    )
+    assert queue.pop_ready() is not None
+
+
+def test_a_push_forgets_the_cached_answer_of_its_slot() -> None:
+    """A new head (higher priority) is judged afresh."""
+    queue, downloader, _ = make_queue()
+    downloader.opens_at["s"] = ONE_DELAY
+    queue.push(req("s", 1))
+    assert queue.pop_ready() is None
+    downloader.opens_at["s"] = 0.0
+    queue.push(req("s", 2, priority=1))
+    assert url_of(queue.pop_ready()) == "http://s/2"
+
+
+def test_per_ip_concurrency_is_accepted() -> None:
+    """CONCURRENT_REQUESTS_PER_IP > 0 works (Scrapy's DownloaderAwarePriorityQueue refuses it)."""
+    settings = {"CONCURRENT_REQUESTS_PER_IP": 2}
+    queue, _, _ = make_queue(settings=settings)
+    queue.push(req("a"))
+    assert queue.pop_ready() is not None
+    crawler = get_crawler(settings_dict=settings)
+    attach_engine(crawler, FakeDownloader(Clock()))
+    with pytest.raises(ValueError, match="CONCURRENT_REQUESTS_PER_IP"):
+        DownloaderAwarePriorityQueue(crawler, FifoMemoryQueue, "")
+
+
+def test_peek_agrees_with_pop_for_start_requests() -> None:
+    """At one priority, the request peeked (and judged) is the one popped."""
+    crawler = get_crawler()
+    downloader = FakeDownloader(Clock())
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(
+        crawler, FifoMemoryQueue, "", start_queue_cls=FifoMemoryQueue, downloader=downloader
+    )
+    queue.push(req("a", 1, meta={"is_start_request": True}))
+    queue.push(req("a", 2))
+    assert queue.peek() is queue.pop()
+
+
+# ----------------------------------------------------------------------------- disk queues
+
+
+def disk_queue(
+    tmp_path: Path, state: Any = None
+) -> tuple[ThrottlingAwarePriorityQueue, FakeDownloader]:
+    crawler = get_crawler()
+    downloader = FakeDownloader(Clock())
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(
+        crawler, PickleFifoDiskQueue, str(tmp_path), state, downloader=downloader
+    )
+    return queue, downloader
+
+
+def test_held_requests_stay_on_disk_across_a_restart(tmp_path: Path) -> None:
+    """A held request is simply still queued when the job is closed and resumed."""
+    queue, downloader = disk_queue(tmp_path)
+    downloader.opens_at["slow"] = ONE_DELAY
+    for n in range(3):
+        queue.push(req("slow", n))
+    queue.push(req("fast"))
+    assert url_of(queue.pop_ready()) == "http://fast/0"
+    assert queue.pop_ready() is None
+    state = queue.close()
+    assert list(state) == ["slow"]
+
+    resumed, _ = disk_queue(tmp_path, state)
+    assert len(resumed) == 3
+    assert [r.url for r in iter(resumed.pop_ready, None)] == [f"http://slow/{n}" for n in range(3)]
+
+
+def test_resumes_a_job_of_downloader_aware_priority_queue(tmp_path: Path) -> None:
+    """Scrapy's default queue writes the same layout; its job directory resumes as is."""
+    crawler = get_crawler()
+    downloader = FakeDownloader(Clock())
+    attach_engine(crawler, downloader)
+    stock = DownloaderAwarePriorityQueue(crawler, PickleFifoDiskQueue, str(tmp_path))
+    for host in ("a", "b"):
+        stock.push(req(host))
+    state = stock.close()
+    resumed, _ = disk_queue(tmp_path, state)
+    assert sorted(r.url for r in iter(resumed.pop_ready, None)) == ["http://a/0", "http://b/0"]
+
+
+def test_an_unserializable_request_leaves_no_empty_slot(tmp_path: Path) -> None:
+    """The disk queue refuses it (the scheduler then uses memory); the queue stays sound."""
+    queue, _ = disk_queue(tmp_path)
+    with pytest.raises(ValueError, match=r"serialize|pickle"):
+        queue.push(req("a", meta={"bad": lambda: None}))
+    assert len(queue) == 0
+    assert "a" not in queue
+    assert queue.pop_ready() is None
+
+
+def test_a_saved_slot_with_nothing_left_is_dropped(tmp_path: Path) -> None:
+    """A slot named in the saved state but empty on disk does not break the queue."""
+    resumed, _ = disk_queue(tmp_path, {"gone": [0], "b": []})
+    assert len(resumed) == 0
+    assert resumed.pop_ready() is None
+    assert resumed.next_ready_in() == math.inf
+
+
+def test_resumes_a_job_of_scrapy_priority_queue(tmp_path: Path) -> None:
+    """A list-shaped state (ScrapyPriorityQueue) is moved into per-slot queues."""
+    crawler = get_crawler()
+    flat = ScrapyPriorityQueue(crawler, PickleFifoDiskQueue, str(tmp_path))
+    for n, host in enumerate(["a", "b", "a"]):
+        flat.push(req(host, n, priority=n))
+    state = flat.close()
+    resumed, _ = disk_queue(tmp_path, state)
+    assert sorted(resumed.pqueues) == ["a", "b"]
+    assert len(resumed) == 3
+
+
+def test_unknown_saved_state_is_refused(tmp_path: Path) -> None:
+    """A state no known queue writes gives an error that says what to do."""
+    with pytest.raises(ValueError, match="SCHEDULER_PRIORITY_QUEUE it was started with"):
+        disk_queue(tmp_path, ["x"])
+
+
+# ------------------------------------------------------------------- with slotkit's downloader
+
+
+class Engine:
+    """Plays the engine's part: fetch (downloader.active + the gate), finish."""
+
+    def __init__(self, crawler: Any, downloader: Downloader) -> None:
+        self.crawler = crawler
+        self.downloader = downloader
+        self.tickets: dict[Request, Any] = {}
+
+    def fetch(self, request: Request | None) -> None:
+        assert request is not None
+        self.downloader.active.add(request)
+
+    def arrive(self, request: Request | None) -> None:
+        assert request is not None
+        """The request reaches the gate; it must pass at once."""
+        dl = self.downloader
+        scopes = normalize_scopes(dl.manager.get_scopes(request))
+        self.crawler.signals.send_catch_log(
+            signals.request_reached_downloader, request=request, spider=None
+        )
+        ticket = dl.gate.try_acquire(
+            request, [dl.registry.get(s) for s in scopes], list(scopes.values())
+        )
+        assert ticket is not None, f"{request} had to wait at the gate"
+        self.tickets[request] = ticket
+
+    def finish(self, request: Request | None) -> None:
+        assert request is not None
+        self.downloader.gate.release(self.tickets.pop(request))
+        self.downloader.active.discard(request)
+        self.crawler.signals.send_catch_log(
+            signals.request_left_downloader, request=request, spider=None
+        )
+
+
+def slotkit_setup(
+    settings: dict[str, Any],
+) -> tuple[Any, Downloader, Engine, NextCall, Clock]:
+    clock = Clock()
+    clock.advance(1000.0)
+    crawler = get_crawler(settings_dict={**IN_MEMORY, **settings})
+    downloader = Downloader(crawler, clock=clock)
+    nextcall = attach_engine(crawler, downloader)
+    return crawler, downloader, Engine(crawler, downloader), nextcall, clock
+
+
+def test_what_the_queue_hands_out_passes_the_gate_at_once() -> None:
+    """With a 10 s delay on one host, only its first request leaves before the delay ends."""
+    crawler, downloader, engine, _, clock = slotkit_setup(
+        {"THROTTLING_SCOPES": {"slow.example": {"delay": ONE_DELAY}}}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    for n in range(3):
+        queue.push(req("slow.example", n))
+    first = queue.pop_ready()
+    engine.fetch(first)
+    assert queue.pop_ready() is None  # in transit to a scope with a delay
+    engine.arrive(first)
+    assert queue.pop_ready() is None
+    assert queue.next_ready_in() == ONE_DELAY
+    engine.finish(first)
+    clock.advance(ONE_DELAY)
+    second = queue.pop_ready()
+    engine.fetch(second)
+    engine.arrive(second)
+    assert url_of(second) == "http://slow.example/1"
+
+
+def test_transit_does_not_block_a_scope_with_room() -> None:
+    """No delay and free concurrency: several requests of a host leave in one engine turn."""
+    crawler, downloader, engine, _, _ = slotkit_setup({"CONCURRENT_REQUESTS_PER_DOMAIN": 2})
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    for n in range(3):
+        queue.push(req("a.example", n))
+    warm = queue.pop_ready()  # the scope is created when the first request arrives
+    engine.fetch(warm)
+    assert queue.pop_ready() is None
+    engine.arrive(warm)
+    second = queue.pop_ready()
+    engine.fetch(second)
+    assert queue.pop_ready() is None  # 1 in flight + 1 in transit = concurrency 2
+    engine.arrive(second)
+    engine.finish(warm)
+    third = queue.pop_ready()
+    assert third is not None
+    engine.fetch(third)
+    engine.arrive(third)
+
+
+def test_a_request_answered_by_a_middleware_stops_counting_as_in_transit() -> None:
+    """A request that leaves downloader.active without reaching the gate is forgotten."""
+    crawler, downloader, engine, _, _ = slotkit_setup(
+        {"THROTTLING_SCOPES": {"slow.example": {"delay": ONE_DELAY}}}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("slow.example", 1))
+    queue.push(req("slow.example", 2))
+    cached = queue.pop_ready()
+    engine.fetch(cached)
+    assert queue.pop_ready() is None
+    downloader.active.discard(cached)  # e.g. HttpCacheMiddleware answered it
+    assert queue.pop_ready() is not None
+
+
+def test_per_ip_scope_counts_through_time_until_ready() -> None:
+    """Two hosts sharing a scope (as an IP scope would) are held by that scope."""
+    crawler, downloader, engine, _, clock = slotkit_setup(
+        {
+            "THROTTLING_SCOPES": {"10.0.0.1": {"delay": ONE_DELAY}},
+            "CONCURRENT_REQUESTS_PER_IP": 1,
+            "SCHEDULER_PRIORITY_QUEUE": "slotkit.pqueue.ThrottlingAwarePriorityQueue",
+        }
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    both = {"throttling_scopes": ["a.example", "10.0.0.1"]}
+    first = req("a.example", meta=both)
+    queue.push(first)
+    queue.push(req("b.example", meta={"throttling_scopes": ["b.example", "10.0.0.1"]}))
+    queue.push(req("c.example"))
+    popped = queue.pop_ready()
+    engine.fetch(popped)
+    engine.arrive(popped)
+    rest = queue.pop_ready()
+    assert rest is not None
+    assert rest.url == "http://c.example/0"
+    engine.fetch(rest)
+    engine.arrive(rest)
+    assert queue.pop_ready() is None
+    engine.finish(popped)
+    clock.advance(ONE_DELAY)
+    assert queue.pop_ready() is not None
+
+
+# ----------------------------------------------------------------------------- the scheduler
+
+
+def make_scheduler(
+    settings: dict[str, Any],
+) -> tuple[ThrottlingAwareScheduler, Engine, NextCall, Clock]:
+    crawler, _downloader, engine, nextcall, clock = slotkit_setup(settings)
+    scheduler = ThrottlingAwareScheduler(
+        build_from_crawler(RFPDupeFilter, crawler),
+        mqclass=FifoMemoryQueue,
+        stats=crawler.stats,
+        pqclass=ThrottlingAwarePriorityQueue,
+        crawler=crawler,
+        clock=clock,
+    )
+    scheduler.open(Spider.from_crawler(crawler, name="t"))
+    return scheduler, engine, nextcall, clock
+
+
+SLOW_HOST = {"THROTTLING_SCOPES": {"slow.example": {"delay": ONE_DELAY}}}
+
+
+def test_scheduler_holds_back_and_wakes_the_engine_once_when_due() -> None:
+    """None while only throttled requests are queued; one timer, at the due time."""
+    scheduler, engine, nextcall, clock = make_scheduler(SLOW_HOST)
+    for n in range(3):
+        scheduler.enqueue_request(req("slow.example", n))
+    first = scheduler.next_request()
+    engine.fetch(first)
+    engine.arrive(first)
+    assert scheduler.next_request() is None
+    assert scheduler.next_request() is None
+    assert scheduler.has_pending_requests()
+    assert len(clock.getDelayedCalls()) == 1
+    assert clock.getDelayedCalls()[0].getTime() == clock.seconds() + ONE_DELAY
+    engine.finish(first)
+    clock.advance(ONE_DELAY - 0.001)
+    assert nextcall.scheduled == 0
+    clock.advance(0.001)
+    assert nextcall.scheduled == 1
+    assert url_of(scheduler.next_request()) == "http://slow.example/1"
+    stats = scheduler.stats.get_stats()  # type: ignore[union-attr]
+    assert stats["throttling/scheduler/wakeups"] == 1
+    assert stats["throttling/scheduler/held_back"] == 2
+    scheduler.close("finished")
+    assert clock.getDelayedCalls() == []
+
+
+def test_timer_moves_earlier_but_never_multiplies() -> None:
+    """A sooner due time replaces the pending timer; a later one keeps it."""
+    settings = {
+        "THROTTLING_SCOPES": {
+            "slow.example": {"delay": ONE_DELAY},
+            "soon.example": {"delay": SOON},
+        }
+    }
+    scheduler, engine, _, clock = make_scheduler(settings)
+    for host in ("slow.example", "slow.example", "soon.example", "soon.example"):
+        scheduler.enqueue_request(req(host, len(scheduler)))
+    for _ in range(2):
+        request = scheduler.next_request()
+        engine.fetch(request)
+        engine.arrive(request)
+    assert scheduler.next_request() is None
+    calls = clock.getDelayedCalls()
+    assert len(calls) == 1
+    assert calls[0].getTime() == clock.seconds() + SOON
+    scheduler.close("finished")
+    assert clock.getDelayedCalls() == []
+
+
+def test_arrival_of_a_request_in_transit_wakes_a_starved_engine() -> None:
+    """Held back only because of a request in transit: its arrival wakes the engine."""
+    scheduler, engine, nextcall, _ = make_scheduler({"CONCURRENT_REQUESTS_PER_DOMAIN": 4})
+    for n in range(2):
+        scheduler.enqueue_request(req("a.example", n))
+    first = scheduler.next_request()
+    engine.fetch(first)
+    assert scheduler.next_request() is None  # the scope does not exist yet
+    engine.arrive(first)
+    assert nextcall.scheduled == 1
+    assert scheduler.next_request() is not None
+    scheduler.close("finished")
+
+
+def test_held_requests_are_not_filtered_again() -> None:
+    """The dupefilter sees a request once, however long it is held."""
+    scheduler, engine, _, clock = make_scheduler(SLOW_HOST)
+    assert scheduler.enqueue_request(req("slow.example", 1))
+    assert scheduler.enqueue_request(req("slow.example", 2))
+    first = scheduler.next_request()
+    engine.fetch(first)
+    engine.arrive(first)
+    engine.finish(first)
+    for _ in range(3):
+        assert scheduler.next_request() is None
+        clock.advance(1.0)
+    clock.advance(ONE_DELAY)
+    assert url_of(scheduler.next_request()) == "http://slow.example/2"
+    assert not scheduler.enqueue_request(req("slow.example", 2))  # a real duplicate still is
+    scheduler.close("finished")
+
+
+def test_scheduler_replaces_scrapys_queues_and_refuses_others() -> None:
+    """Scrapy's priority queues become slotkit's; a queue that cannot hold back is refused."""
+    crawler = get_crawler()
+    for stock in (ScrapyPriorityQueue, DownloaderAwarePriorityQueue):
+        scheduler = ThrottlingAwareScheduler(RFPDupeFilter(), pqclass=stock, crawler=crawler)
+        assert scheduler.pqclass is cast(Any, ThrottlingAwarePriorityQueue)
+
+    class Custom(ScrapyPriorityQueue):
+        pass
+
+    with pytest.raises(SettingsError, match=r"slotkit\.ThrottlingAwarePriorityQueue"):
+        ThrottlingAwareScheduler(RFPDupeFilter(), pqclass=Custom, crawler=crawler)
+
+
+def test_scheduler_needs_a_throttling_downloader() -> None:
+    """With Scrapy's downloader the scheduler says what to set."""
+    crawler = get_crawler()
+    crawler.engine = cast(Any, SimpleNamespace(downloader=SimpleNamespace()))
+    with pytest.raises(SettingsError, match=r"DOWNLOADER = 'slotkit\.Downloader'"):
+        ThrottlingAwareScheduler.from_crawler(crawler)
+
+
+@pytest.mark.parametrize(
+    ("settings", "fails"),
+    [
+        ({"CONCURRENT_REQUESTS_PER_IP": 2}, True),
+        ({"CONCURRENT_REQUESTS_PER_IP": 0}, False),
+        (
+            {
+                "CONCURRENT_REQUESTS_PER_IP": 2,
+                "SCHEDULER_PRIORITY_QUEUE": "slotkit.pqueue.ThrottlingAwarePriorityQueue",
+            },
+            False,
+        ),
+        (
+            {
+                "CONCURRENT_REQUESTS_PER_IP": 2,
+                "SCHEDULER": "slotkit.scheduler.ThrottlingAwareScheduler",
+            },
+            False,
+        ),
+    ],
+)
+def test_check_priority_queue_names_the_fix(settings: dict[str, Any], fails: bool) -> None:
+    """Scrapy's default queue with CONCURRENT_REQUESTS_PER_IP gets an error naming slotkit's."""
+    crawler = get_crawler(settings_dict=settings)
+    if fails:
+        with pytest.raises(SettingsError, match="SCHEDULER_PRIORITY_QUEUE = 'slotkit"):
+            check_priority_queue(crawler.settings)
+    else:
+        check_priority_queue(crawler.settings)
