@@ -33,10 +33,10 @@ from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
-from slotkit.scheduler import check_priority_queue
 from slotkit.robots import CrawlDelays, apply_crawl_delay
+from slotkit.scheduler import check_priority_queue
 from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
-from slotkit.settings import DOMAIN, ScopeConfig, SettingsError, ThrottlingSettings
+from slotkit.settings import DOMAIN, ScopeConfig, ThrottlingSettings
 from slotkit.slots import SlotsView, SlotView
 from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
@@ -386,6 +386,7 @@ class Downloader:
         The outcome is applied to the scopes *before* the ticket is released,
         so no waiter slips through between the release and the backoff.
         """
+        self.gate.started(ticket)
         try:
             try:
                 response: Response = await self.handlers.download_request_async(request)

@@ -178,6 +178,14 @@ class Gate:
 
     # Leaving
 
+    def started(self, ticket: Waiter) -> None:
+        """The ticket's transfer begins now: let scope managers that care re-stamp it."""
+        now = self._clock.seconds()
+        for scope in ticket.scopes:
+            started = getattr(scope.manager, "record_started", None)
+            if started is not None:
+                started(now)
+
     def release(self, ticket: Waiter) -> None:
         """Give back what a dispatched request held; wake the scopes it freed.
 

@@ -127,6 +127,18 @@ class ThrottlingScopeManager:
         if self.rampup is not None:
             self.rampup.record_sent(now)
 
+    def record_started(self, now: float) -> None:
+        """The last dispatched request's transfer really began at *now*.
+
+        Between the gate's decision and the download handler there is an
+        event-loop hop of a fraction of a millisecond. Counting the gap from
+        the later of the two keeps every gap seen by the handler (and the
+        server) at least the delay. Moving the stamp later only ever delays
+        the next dispatch.
+        """
+        if self.last_sent is not None and now > self.last_sent:
+            self.last_sent = now
+
     def record_done(self, now: float) -> None:
         self.active = max(0, self.active - 1)
         self.last_done = now
