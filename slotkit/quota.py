@@ -6,10 +6,9 @@ after it happened, so no interval of ``window`` seconds ever holds more than
 counts in, which a window started at our first request cannot promise; over
 a long crawl the quota is still spent in full.
 
-Two exceptions keep a crawl moving: a request larger than the whole quota is
-let through alone (when nothing else is counted), instead of waiting
-forever; and the server's own figures win when it reports them
-(``reconcile``).
+A request larger than the whole quota is let through alone (when nothing
+else is counted), instead of waiting forever. What the server reports can
+only tighten the count (see ``ThrottlingScopeManager.reconcile_quota``).
 """
 
 from __future__ import annotations

