@@ -1,0 +1,216 @@
+"""``slotkit.shared.Downloader``: slotkit's downloader with throttling shared through Redis.
+
+It adds one step to the path of a request: after the local gate admitted it
+(local concurrency and known holds), :meth:`SharedThrottle.reserve` waits
+for the shared store, and the leases are given back after the download.
+Everything else (signals, middlewares, backoff detection, slots view) is
+:class:`slotkit.Downloader`'s.
+
+Settings (read here; the shared part is off unless ``THROTTLING_REDIS_URL`` is set):
+
+``THROTTLING_REDIS_URL``
+    ``redis://host:port/db`` (``rediss://`` for TLS), or ``local`` for an
+    in-process store shared by the crawlers of one process.
+``THROTTLING_REDIS_NAMESPACE``
+    The hash tag every key lives under (default ``slotkit``); crawls that
+    must throttle together use the same one.
+``THROTTLING_REDIS_TIMEOUT``
+    Seconds one store call may take before it counts as a failure (0.25).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import socket
+import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_installed
+
+from slotkit.downloader import Downloader
+from slotkit.settings import SettingsError
+from slotkit.shared.client import (
+    AsyncioRedisBackend,
+    Backend,
+    ThreadedRedisBackend,
+    TwinBackend,
+)
+from slotkit.shared.manager import SharedScopeManager
+from slotkit.shared.throttle import Pass, SharedThrottle, ThrottleOptions
+from slotkit.shared.twin import TwinStore
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from twisted.internet.interfaces import IReactorTime
+
+    from slotkit.gate import Waiter
+    from slotkit.registry import Scope
+    from slotkit.settings import ScopeConfig
+
+__all__ = ["SharedDownloader", "current_pass", "local_store"]
+
+#: The shared pass of the request whose outcome is being applied (for backoff dedup).
+current_pass: contextvars.ContextVar[Pass | None] = contextvars.ContextVar(
+    "slotkit_current_pass", default=None
+)
+
+_LOCAL_STORES: dict[int, TwinStore] = {}
+
+
+def local_store(clock: IReactorTime) -> TwinStore:
+    """The process-wide twin store of ``THROTTLING_REDIS_URL = "local"``."""
+    store = _LOCAL_STORES.get(id(clock))
+    if store is None:
+        store = _LOCAL_STORES[id(clock)] = TwinStore(clock)
+    return store
+
+
+def make_backend(url: str, timeout: float, clock: IReactorTime) -> Backend:
+    """The backend for *url*, matched to the reactor in use."""
+    if url == "local":
+        return TwinBackend(local_store(clock))
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise SettingsError(
+            f"THROTTLING_REDIS_URL must be a redis://, rediss:// or unix:// URL, or 'local' "
+            f"(got {url!r})"
+        )
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise SettingsError(
+            "THROTTLING_REDIS_URL is set but redis-py is not installed; "
+            "install it with: pip install 'slotkit[redis]'"
+        ) from None
+    if not is_reactor_installed() or is_asyncio_reactor_installed():
+        return AsyncioRedisBackend(url, timeout)
+    return ThreadedRedisBackend(url, timeout, clock)
+
+
+class SharedDownloader(Downloader):
+    """:class:`slotkit.Downloader` plus the shared store (``THROTTLING_REDIS_URL``)."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        clock: IReactorTime | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        settings = crawler.settings
+        url = settings.get("THROTTLING_REDIS_URL")
+        self.shared: SharedThrottle | None = None
+        super().__init__(crawler, clock)
+        if backend is None and not url:
+            return
+        timeout = settings.getfloat("THROTTLING_REDIS_TIMEOUT", 0.25)
+        if timeout <= 0:
+            raise SettingsError(f"THROTTLING_REDIS_TIMEOUT must be > 0 (got {timeout!r})")
+        if backend is None:
+            backend = make_backend(str(url), timeout, self._clock)
+        options = ThrottleOptions(
+            namespace=settings.get("THROTTLING_REDIS_NAMESPACE") or "slotkit",
+            timeout=timeout,
+            lease_ttl=settings.getfloat("DOWNLOAD_TIMEOUT", 180.0) + 10.0,
+        )
+        worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.shared = SharedThrottle(backend, self._clock, worker, options, self._mode_changed)
+        crawler.slotkit_shared = self.shared  # type: ignore[attr-defined]
+        self.shared.start()
+
+    # Scopes use the shared manager unless the user named another one.
+
+    def scope_config(self, scope_id: str) -> ScopeConfig:
+        config = super().scope_config(scope_id)
+        if self.shared is not None and config.manager is None:
+            config = replace(config, manager=SharedScopeManager)
+        return config
+
+    def _new_scope(self, scope_id: str) -> Scope:
+        scope = super()._new_scope(scope_id)
+        manager = scope.manager
+        if isinstance(manager, SharedScopeManager):
+            manager.bind(scope_id)
+            if self.crawl_delays is not None:
+                manager.crawl_delay = self.crawl_delays.delays.get(scope_id, 0.0)
+            if self.shared is not None:
+                manager.throttle = self.shared
+                self.shared.register(manager)
+        return scope
+
+    def _crawl_delay_found(self, site: str, delay: float) -> None:
+        scope = self.registry.peek(site)
+        if scope is not None and isinstance(scope.manager, SharedScopeManager):
+            scope.manager.crawl_delay = delay
+        super()._crawl_delay_found(site, delay)
+
+    def _spider_closing(self, reason: str) -> None:
+        if self.shared is not None:
+            self.shared.stop_waiting(f"the spider closed ({reason})")
+        super()._spider_closing(reason)
+
+    def _mode_changed(self, mode: str) -> None:
+        self.stats.inc(f"shared/mode/{mode}")
+
+    # The extra step on the path of a request
+
+    async def _acquire(
+        self, request: Request, scopes: list[Scope], amounts: list[float | None], delay: float
+    ) -> Waiter:
+        ticket = await super()._acquire(request, scopes, amounts, delay)
+        if self.shared is None:
+            return ticket
+        try:
+            shared_pass = await self.shared.reserve(request, scopes, amounts)
+        except BaseException:
+            self.gate.release(ticket)
+            raise
+        self._passes[ticket] = shared_pass
+        return ticket
+
+    async def _transfer(self, request: Request, ticket: Waiter) -> tuple[Response, bool]:
+        shared_pass = self._passes.pop(ticket, None)
+        token = current_pass.set(shared_pass)
+        try:
+            return await super()._transfer(request, ticket)
+        finally:
+            current_pass.reset(token)
+            if shared_pass is not None and self.shared is not None:
+                self.shared.release(shared_pass)
+
+    @property
+    def _passes(self) -> dict[Waiter, Pass]:
+        passes: dict[Waiter, Pass] | None = self.__dict__.get("_shared_passes")
+        if passes is None:
+            passes = self.__dict__["_shared_passes"] = {}
+        return passes
+
+    def close(self) -> None:
+        if self.shared is not None:
+            shared = self.shared
+            self.stats.set("shared/calls", shared.calls)
+            self.stats.set("shared/acquires", shared.acquires)
+            self.stats.set("shared/fallback_requests", shared.fallback_requests)
+            self.stats.set("shared/fallbacks", shared.fallbacks)
+            self.stats.set("shared/resyncs", shared.resyncs)
+            shared.close()
+        super().close()
+
+    def shared_summary(self) -> dict[str, Any]:
+        """Counters of the shared layer (for benchmarks and the status line)."""
+        shared = self.shared
+        if shared is None:
+            return {}
+        return {
+            "mode": shared.mode,
+            "workers": shared.workers,
+            "calls": shared.calls,
+            "acquires": shared.acquires,
+            "fallback_requests": shared.fallback_requests,
+            "fallbacks": shared.fallbacks,
+            "resyncs": shared.resyncs,
+            "fell_back_at": shared.fell_back_at,
+            "latencies": list(shared.latencies),
+        }

@@ -1,0 +1,161 @@
+"""The scope manager of a scope throttled through the shared store.
+
+In shared mode the store decides delay, backoff, holds and quota for every
+worker at once, so the local answer of :meth:`SharedScopeManager.can_send`
+only bounds what this worker has in progress (the scope's concurrency) and
+honours the holds it knows of. Everything else happens after the local gate,
+in :meth:`slotkit.shared.throttle.SharedThrottle.reserve`, in one script call
+for all the scopes of a request.
+
+Each manager also keeps a :attr:`fallback`: the default
+:class:`~slotkit.scope.ThrottlingScopeManager`, fed every dispatch of this
+worker, that takes over at 1/N of the shared limits while the store is down.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING, Any
+
+from zope.interface import implementer
+
+from slotkit.interfaces import IThrottlingScopeManager
+from slotkit.policy import Uniform, jitter_factor
+from slotkit.scope import ThrottlingScopeManager, _backoff_from_dict
+from slotkit.validation import NO_JITTER, parse_jitter
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+    from slotkit.shared.throttle import SharedThrottle
+
+__all__ = ["SharedScopeManager"]
+
+
+@implementer(IThrottlingScopeManager)
+class SharedScopeManager:
+    """Local bookkeeping of one shared scope, plus its store-down fallback."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        throttle: SharedThrottle | None = None,
+        rng: Uniform | None = None,
+    ) -> None:
+        self.throttle = throttle
+        #: The scope id, known once the downloader has built the scope (:meth:`bind`).
+        self.scope_id: str | None = None
+        self.concurrency = max(1, int(config.get("concurrency", 1)))
+        self.delay = max(0.0, float(config.get("delay", 0.0)))
+        raw_jitter = config.get("jitter")
+        self.jitter = parse_jitter("jitter", raw_jitter) if raw_jitter else NO_JITTER
+        quota = config.get("quota")
+        self.quota: float | None = None if quota is None else float(quota)
+        self.window = float(config.get("window", 60.0))
+        backoff = _backoff_from_dict(config.get("backoff"))
+        self.backoff = backoff if backoff is not None else ThrottlingScopeManager(1).backoff
+        #: robots.txt Crawl-delay this worker knows for the scope (0: none).
+        self.crawl_delay = 0.0
+        self._rng: Uniform = rng if rng is not None else random.Random()
+        self.active = 0
+        self.hold_until = -math.inf
+        self.last_sent: float | None = None
+        self.last_done: float | None = None
+        #: The local state machine that admits requests while the store is down.
+        self.fallback = ThrottlingScopeManager(
+            concurrency=self.concurrency,
+            delay=self.delay,
+            jitter=self.jitter,
+            backoff=self.backoff,
+            quota=self.quota,
+            window=self.window,
+        )
+        self._workers = 1
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, config: Any) -> SharedScopeManager:
+        """Build the manager for *crawler*'s shared throttle (set up by the downloader)."""
+        return cls(dict(config), getattr(crawler, "slotkit_shared", None))
+
+    def bind(self, scope_id: str) -> None:
+        """Learn the id of the scope this manager throttles (its store keys)."""
+        self.scope_id = scope_id
+
+    # What the script is told about this scope
+
+    def interval(self) -> float:
+        """The gap to reserve after this worker's next dispatch (delay with jitter)."""
+        return self.delay * jitter_factor(self.jitter, self._rng)
+
+    def scale(self, workers: int) -> None:
+        """Make the fallback admit 1/*workers* of the shared limits."""
+        workers = max(1, workers)
+        self._workers = workers
+        fallback = self.fallback
+        fallback.delay = max(self.delay, self.crawl_delay) * workers
+        fallback.concurrency = max(1, self.concurrency // workers)
+        fallback.min_concurrency = min(fallback.min_concurrency, fallback.concurrency)
+        if fallback.quota is not None and self.quota is not None:
+            fallback.quota.limit = self.quota / workers
+
+    def note_hold(self, until: float) -> None:
+        """Remember a hold another worker set, so the fallback keeps honouring it."""
+        if until > self.fallback.hold_until:
+            self.fallback.hold_until = until
+
+    # IThrottlingScopeManager
+
+    def can_send(self, now: float, amount: float | None = None) -> float:
+        if self.active >= self.concurrency:
+            return math.inf
+        if now < self.hold_until:
+            return self.hold_until - now
+        return 0.0
+
+    def record_sent(self, now: float, amount: float | None = None) -> None:
+        self.active += 1
+        self.last_sent = now
+
+    def record_done(self, now: float) -> None:
+        self.active = max(0, self.active - 1)
+        self.last_done = now
+
+    def record_backoff(self, delay: float | None = None, now: float = 0.0) -> None:
+        if delay is not None and delay > 0:
+            self.hold_until = max(self.hold_until, now + delay)
+        self.fallback.record_backoff(delay, now)
+        if self.throttle is not None and self.scope_id is not None:
+            self.throttle.backoff(self, delay, now)
+
+    def reconcile_quota(
+        self, consumed: float | None = None, remaining: float | None = None, now: float = 0.0
+    ) -> None:
+        self.fallback.reconcile_quota(consumed, remaining, now)
+        if self.quota is None or self.throttle is None or self.scope_id is None:
+            return
+        self.throttle.reconcile_quota(self, consumed, remaining)
+
+    def set_base_delay(self, delay: float) -> None:
+        self.delay = max(0.0, float(delay))
+        self.scale(self._workers)
+
+    def set_concurrency(self, concurrency: int) -> None:
+        self.concurrency = max(1, int(concurrency))
+        self.scale(self._workers)
+
+    def is_idle(self, now: float, max_idle: float) -> bool:
+        if self.active or now < self.hold_until:
+            return False
+        return self.fallback.is_idle(now, max_idle)
+
+    @property
+    def recoveries(self) -> int:
+        return self.fallback.recoveries
+
+    def __repr__(self) -> str:
+        hold = "" if self.hold_until == -math.inf else f" hold_until={self.hold_until:.2f}"
+        return (
+            f"<SharedScopeManager {self.scope_id!r} active={self.active}/{self.concurrency} "
+            f"delay={self.delay:.2f}s{hold}>"
+        )

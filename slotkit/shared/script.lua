@@ -1,0 +1,272 @@
+-- slotkit shared throttling: every operation of the Redis backend in one script.
+--
+-- The same semantics live in slotkit/shared/twin.py (the pure-Python twin used
+-- in local mode and in unit tests); tests/test_shared_script.py runs random
+-- operation sequences through both and compares the replies byte for byte.
+--
+-- KEYS[1] is the workers sorted set; then two keys per scope: its state hash
+-- and its lease sorted set. All keys share one hash tag, so the script is
+-- Redis Cluster safe. Times are Redis's own TIME (ARGV[2] may pin "now", for
+-- the parity tests only); every reply is a relative wait, so the clocks of
+-- the workers never matter.
+--
+-- ARGV: op, now override ('' = TIME), worker id, worker ttl, then per op:
+--   acquire: lease id, lease ttl, horizon, key ttl, n scopes, then 11 per scope:
+--            amount, delay, concurrency, quota (<= 0: none), window, crawl delay,
+--            backoff factor, backoff min, backoff max, backoff window, (unused)
+--   release: lease id, n scopes, then per scope: concurrency
+--   backoff: key ttl, n scopes, then 8 per scope:
+--            hold seconds (< 0: a step instead), age of the request, delay,
+--            crawl delay, backoff factor, backoff min, backoff max, backoff window
+--   quota:   key ttl, n scopes, then 4 per scope: consumed, remaining (< 0: unknown), quota, window
+--   beat:    (nothing) -- heartbeat; replies with the live worker count
+--   leave:   (nothing)
+-- Every reply starts with a status word and the live worker count.
+
+local op = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local wid = ARGV[3]
+local wttl = tonumber(ARGV[4])
+local workers = KEYS[1]
+local prefix = string.sub(workers, 1, -2)
+local channel = prefix .. 'ev'
+
+-- The scope id in a state or lease key: after the prefix and 's:' or 'l:'.
+local function scope_of(key)
+  return string.sub(key, string.len(prefix) + 3)
+end
+
+local function fmt(x)
+  return string.format('%.6f', x)
+end
+
+local function pexpire(key, seconds)
+  local v = math.ceil(seconds * 1000)
+  if v < 1 then v = 1 end
+  redis.call('PEXPIRE', key, v)
+end
+
+local function num(v, default)
+  local n = tonumber(v)
+  if n == nil then return default end
+  return n
+end
+
+-- 1. Heartbeat: every call proves this worker alive and counts the others.
+redis.call('ZREMRANGEBYSCORE', workers, '-inf', fmt(now))
+if op == 'leave' then
+  redis.call('ZREM', workers, wid)
+else
+  redis.call('ZADD', workers, fmt(now + wttl), wid)
+end
+pexpire(workers, wttl * 2)
+local n = redis.call('ZCARD', workers)
+if n < 1 then n = 1 end
+local N = tostring(n)
+
+if op == 'beat' or op == 'leave' then
+  return {'ok', N}
+end
+
+local FIELDS = {'tat', 'hold', 'bo', 'rec', 'ss', 'cd', 'qw', 'qu'}
+
+local function load(key)
+  local raw = redis.call('HMGET', key, unpack(FIELDS))
+  local st = {}
+  for i, name in ipairs(FIELDS) do st[name] = num(raw[i], 0) end
+  return st
+end
+
+local function save(key, st, ttl)
+  local flat = {}
+  for _, name in ipairs(FIELDS) do
+    flat[#flat + 1] = name
+    flat[#flat + 1] = fmt(st[name])
+  end
+  redis.call('HSET', key, unpack(flat))
+  local keep = ttl
+  local horizon = math.max(st.tat, st.hold, st.rec) - now
+  if horizon + ttl > keep then keep = horizon + ttl end
+  pexpire(key, keep)
+end
+
+-- Backoff recovery, computed when asked (no timer): one factor step down per
+-- quiet window; a step below the first backoff step or the base delay ends it.
+-- rec == 0 means "never recovers" (backoff window 0).
+local function settle(st, base, factor, floor, window)
+  while st.bo > 0 and st.rec > 0 and now >= st.rec do
+    local lower = st.bo / factor
+    if lower < floor or lower <= base then
+      st.bo = 0
+      st.rec = 0
+    else
+      st.bo = lower
+      st.rec = st.rec + window
+    end
+  end
+end
+
+if op == 'acquire' then
+  local lease = ARGV[5]
+  local lease_ttl = tonumber(ARGV[6])
+  local horizon = tonumber(ARGV[7])
+  local key_ttl = tonumber(ARGV[8])
+  local scopes = tonumber(ARGV[9])
+  local states, args, holds = {}, {}, {}
+  local ready = now
+  local full, full_retry = false, math.huge
+  local quota_wait = 0
+  for i = 1, scopes do
+    local b = 9 + (i - 1) * 11
+    local a = {
+      amount = tonumber(ARGV[b + 1]), delay = tonumber(ARGV[b + 2]),
+      conc = tonumber(ARGV[b + 3]), quota = tonumber(ARGV[b + 4]),
+      window = tonumber(ARGV[b + 5]), cd = tonumber(ARGV[b + 6]),
+      factor = tonumber(ARGV[b + 7]), bmin = tonumber(ARGV[b + 8]),
+      bmax = tonumber(ARGV[b + 9]), bwin = tonumber(ARGV[b + 10]),
+    }
+    local skey, lkey = KEYS[2 * i], KEYS[2 * i + 1]
+    local st = load(skey)
+    -- The larger of the stored and this worker's robots.txt Crawl-delay wins.
+    if a.cd > st.cd then st.cd = a.cd end
+    a.base = math.max(a.delay, st.cd)
+    settle(st, a.base, a.factor, a.bmin, a.bwin)
+    a.interval = math.max(a.base, st.bo)
+    redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now))
+    local active = redis.call('ZCARD', lkey)
+    if active >= a.conc then
+      full = true
+      local first = redis.call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
+      local retry = tonumber(first[2]) - now
+      if retry < full_retry then full_retry = retry end
+    end
+    local r = math.max(st.tat, st.hold)
+    if r > ready then ready = r end
+    if a.quota > 0 then
+      local widx = math.floor(now / a.window)
+      if st.qw ~= widx then
+        st.qw = widx
+        st.qu = 0
+      end
+      if st.qu > 0 and st.qu + a.amount - a.quota > 1e-9 then
+        local qw = (widx + 1) * a.window - now
+        if qw > quota_wait then quota_wait = qw end
+      end
+    end
+    holds[i] = fmt(math.max(0, st.hold - now))
+    states[i], args[i] = st, a
+  end
+  local wait = ready - now
+  local status = 'ok'
+  if full then
+    status = 'full'
+    wait = math.max(wait, full_retry)
+  elseif quota_wait > 0 then
+    status = 'wait'
+    wait = math.max(wait, quota_wait)
+  elseif wait > horizon then
+    status = 'wait'
+  end
+  if status == 'ok' then
+    for i = 1, scopes do
+      local st, a = states[i], args[i]
+      st.tat = ready + a.interval
+      if a.quota > 0 then st.qu = st.qu + a.amount end
+      local lkey = KEYS[2 * i + 1]
+      redis.call('ZADD', lkey, fmt(ready + lease_ttl), lease)
+      pexpire(lkey, ready + lease_ttl - now + 1)
+      save(KEYS[2 * i], st, math.max(key_ttl, a.window))
+    end
+  end
+  local reply = {status, N, fmt(wait)}
+  for i = 1, scopes do reply[#reply + 1] = holds[i] end
+  return reply
+end
+
+if op == 'release' then
+  local lease = ARGV[5]
+  local scopes = tonumber(ARGV[6])
+  for i = 1, scopes do
+    local conc = tonumber(ARGV[6 + i])
+    local lkey = KEYS[2 * i + 1]
+    local active = redis.call('ZCARD', lkey)
+    local removed = redis.call('ZREM', lkey, lease)
+    if removed > 0 and active >= conc then
+      -- Someone may be waiting for this slot: tell the workers it is free.
+      redis.call('PUBLISH', channel, 'free\t' .. scope_of(lkey))
+    end
+  end
+  return {'ok', N}
+end
+
+if op == 'backoff' then
+  local key_ttl = tonumber(ARGV[5])
+  local scopes = tonumber(ARGV[6])
+  local reply = {'ok', N}
+  for i = 1, scopes do
+    local b = 6 + (i - 1) * 8
+    local hold = tonumber(ARGV[b + 1])
+    local age = tonumber(ARGV[b + 2])
+    local delay, cd = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local factor, bmin = tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
+    local bmax, bwin = tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8])
+    local skey = KEYS[2 * i]
+    local st = load(skey)
+    if cd > st.cd then st.cd = cd end
+    local base = math.max(delay, st.cd)
+    settle(st, base, factor, bmin, bwin)
+    local outcome = 'held'
+    if hold >= 0 then
+      if now + hold > st.hold then st.hold = now + hold end
+      st.ss = now
+      redis.call('PUBLISH', channel, 'hold\t' .. scope_of(skey))
+    elseif now - age < st.ss then
+      -- Sent before the current step began: the same episode, not a new signal.
+      outcome = 'dup'
+    else
+      st.bo = math.min(bmax, math.max(bmin, math.max(base, st.bo) * factor))
+      st.ss = now
+      outcome = 'step'
+      redis.call('PUBLISH', channel, 'step\t' .. scope_of(skey))
+    end
+    if outcome ~= 'dup' and st.bo > 0 then
+      if bwin > 0 then st.rec = now + bwin else st.rec = 0 end
+    end
+    save(skey, st, key_ttl)
+    reply[#reply + 1] = outcome
+    reply[#reply + 1] = fmt(st.bo)
+  end
+  return reply
+end
+
+if op == 'quota' then
+  local key_ttl = tonumber(ARGV[5])
+  local scopes = tonumber(ARGV[6])
+  for i = 1, scopes do
+    local b = 6 + (i - 1) * 4
+    local consumed, remaining = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local quota, window = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local skey = KEYS[2 * i]
+    local st = load(skey)
+    local widx = math.floor(now / window)
+    if st.qw ~= widx then
+      st.qw = widx
+      st.qu = 0
+    end
+    if remaining >= 0 then
+      st.qu = math.max(0, quota - remaining)
+    else
+      st.qu = st.qu + consumed
+    end
+    save(skey, st, math.max(key_ttl, window))
+  end
+  return {'ok', N}
+end
+
+return redis.error_reply('slotkit: unknown operation ' .. tostring(op))

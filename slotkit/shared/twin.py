@@ -1,0 +1,315 @@
+"""The pure-Python twin of ``script.lua``.
+
+:class:`TwinStore` keeps the few Redis structures the script touches (hashes,
+sorted sets, expiries, a publish channel) in dicts and runs the same
+operations with the same arithmetic: numbers go through the same
+``'%.6f'`` text on their way into storage, so the twin and the script give
+byte-identical replies for the same inputs (``tests/test_shared_script.py``
+checks that on random sequences against a real ``redis-server``).
+
+It serves two purposes: the unit tests, on a
+:class:`twisted.internet.task.Clock`, and the ``local`` mode, where several
+crawlers of one process share throttling without a server.
+
+The code follows the script's structure step by step on purpose; read the
+two side by side when changing either.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from twisted.internet.interfaces import IReactorTime
+
+__all__ = ["TwinStore", "fmt"]
+
+FIELDS = ("tat", "hold", "bo", "rec", "ss", "cd", "qw", "qu")
+
+
+def fmt(value: float) -> str:
+    """Numbers as the script writes them: fixed point, six decimals."""
+    return f"{value:.6f}"
+
+
+def _num(raw: str | None, default: float = 0.0) -> float:
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        return default
+
+
+class _State:
+    __slots__ = FIELDS
+
+    tat: float
+    hold: float
+    bo: float
+    rec: float
+    ss: float
+    cd: float
+    qw: float
+    qu: float
+
+
+class TwinStore:
+    """An in-memory stand-in for the Redis server, running the script's operations."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self.hashes: dict[str, dict[str, str]] = {}
+        self.zsets: dict[str, dict[str, float]] = {}
+        #: Key -> the clock time it expires at.
+        self.expiry: dict[str, float] = {}
+        self.subscribers: list[Callable[[str, str], object]] = []
+        #: How many script runs the store has served (what "Redis calls" counts).
+        self.calls = 0
+
+    # The few Redis primitives, with lazy expiry
+
+    def _live(self, key: str) -> None:
+        expires = self.expiry.get(key)
+        if expires is not None and self._clock.seconds() >= expires:
+            self.hashes.pop(key, None)
+            self.zsets.pop(key, None)
+            del self.expiry[key]
+
+    def _zset(self, key: str) -> dict[str, float]:
+        self._live(key)
+        return self.zsets.setdefault(key, {})
+
+    def _pexpire(self, key: str, seconds: float) -> None:
+        millis = max(1, math.ceil(seconds * 1000))
+        if key in self.hashes or self.zsets.get(key):
+            self.expiry[key] = self._clock.seconds() + millis / 1000
+
+    def _zremrange(self, key: str, upto: str) -> None:
+        limit = float(upto)
+        zset = self._zset(key)
+        for member in [m for m, score in zset.items() if score <= limit]:
+            del zset[member]
+        if not zset:
+            self.zsets.pop(key, None)
+
+    def _zadd(self, key: str, score: str, member: str) -> None:
+        self._zset(key)[member] = float(score)
+
+    def ttl(self, key: str) -> float | None:
+        """Seconds until *key* expires; ``None`` if it does not exist or never expires."""
+        self._live(key)
+        expires = self.expiry.get(key)
+        if expires is None or (key not in self.hashes and not self.zsets.get(key)):
+            return None
+        return expires - self._clock.seconds()
+
+    def publish(self, channel: str, message: str) -> None:
+        for subscriber in list(self.subscribers):
+            subscriber(channel, message)
+
+    # The script
+
+    def run(self, keys: Sequence[str], argv: Sequence[str]) -> list[str]:
+        """Run one operation, exactly as ``script.lua`` would; return its reply."""
+        self.calls += 1
+        op = argv[0]
+        now = float(argv[1]) if argv[1] != "" else float(self._clock.seconds())
+        wid = argv[2]
+        wttl = float(argv[3])
+        workers = keys[0]
+        prefix = workers[:-1]
+        channel = prefix + "ev"
+
+        def scope_of(key: str) -> str:
+            return key[len(prefix) + 2 :]
+
+        def load(key: str) -> _State:
+            self._live(key)
+            raw = self.hashes.get(key, {})
+            state = _State()
+            for name in FIELDS:
+                setattr(state, name, _num(raw.get(name)))
+            return state
+
+        def save(key: str, state: _State, ttl: float) -> None:
+            self._live(key)
+            self.hashes.setdefault(key, {}).update(
+                {name: fmt(getattr(state, name)) for name in FIELDS}
+            )
+            keep = ttl
+            horizon = max(state.tat, state.hold, state.rec) - now
+            if horizon + ttl > keep:
+                keep = horizon + ttl
+            self._pexpire(key, keep)
+
+        def settle(state: _State, base: float, factor: float, floor: float, window: float) -> None:
+            while state.bo > 0 and state.rec > 0 and now >= state.rec:
+                lower = state.bo / factor
+                if lower < floor or lower <= base:
+                    state.bo = 0.0
+                    state.rec = 0.0
+                else:
+                    state.bo = lower
+                    state.rec = state.rec + window
+
+        # 1. Heartbeat.
+        self._zremrange(workers, fmt(now))
+        if op == "leave":
+            self._zset(workers).pop(wid, None)
+        else:
+            self._zadd(workers, fmt(now + wttl), wid)
+        self._pexpire(workers, wttl * 2)
+        n = max(1, len(self._zset(workers)))
+        count = str(n)
+        if op in ("beat", "leave"):
+            return ["ok", count]
+
+        if op == "acquire":
+            lease = argv[4]
+            lease_ttl = float(argv[5])
+            horizon = float(argv[6])
+            key_ttl = float(argv[7])
+            scopes = int(argv[8])
+            states: list[_State] = []
+            params: list[dict[str, float]] = []
+            holds: list[str] = []
+            ready = now
+            full, full_retry = False, math.inf
+            quota_wait = 0.0
+            for i in range(scopes):
+                b = 8 + i * 11
+                a = {
+                    name: float(argv[b + 1 + offset])
+                    for offset, name in enumerate(
+                        (
+                            "amount",
+                            "delay",
+                            "conc",
+                            "quota",
+                            "window",
+                            "cd",
+                            "factor",
+                            "bmin",
+                            "bmax",
+                            "bwin",
+                        )
+                    )
+                }
+                skey, lkey = keys[1 + 2 * i], keys[2 + 2 * i]
+                st = load(skey)
+                if a["cd"] > st.cd:
+                    st.cd = a["cd"]
+                a["base"] = max(a["delay"], st.cd)
+                settle(st, a["base"], a["factor"], a["bmin"], a["bwin"])
+                a["interval"] = max(a["base"], st.bo)
+                self._zremrange(lkey, fmt(now))
+                leases = self._zset(lkey)
+                if len(leases) >= a["conc"]:
+                    full = True
+                    retry = min(leases.values()) - now
+                    full_retry = min(full_retry, retry)
+                r = max(st.tat, st.hold)
+                ready = max(ready, r)
+                if a["quota"] > 0:
+                    widx = math.floor(now / a["window"])
+                    if st.qw != widx:
+                        st.qw = widx
+                        st.qu = 0.0
+                    if st.qu > 0 and st.qu + a["amount"] - a["quota"] > 1e-9:
+                        quota_wait = max(quota_wait, (widx + 1) * a["window"] - now)
+                holds.append(fmt(max(0.0, st.hold - now)))
+                states.append(st)
+                params.append(a)
+            wait = ready - now
+            status = "ok"
+            if full:
+                status = "full"
+                wait = max(wait, full_retry)
+            elif quota_wait > 0:
+                status = "wait"
+                wait = max(wait, quota_wait)
+            elif wait > horizon:
+                status = "wait"
+            if status == "ok":
+                for i, (st, a) in enumerate(zip(states, params, strict=True)):
+                    st.tat = ready + a["interval"]
+                    if a["quota"] > 0:
+                        st.qu = st.qu + a["amount"]
+                    lkey = keys[2 + 2 * i]
+                    self._zadd(lkey, fmt(ready + lease_ttl), lease)
+                    self._pexpire(lkey, ready + lease_ttl - now + 1)
+                    save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
+            return [status, count, fmt(wait), *holds]
+
+        if op == "release":
+            lease = argv[4]
+            scopes = int(argv[5])
+            for i in range(scopes):
+                conc = float(argv[6 + i])
+                lkey = keys[2 + 2 * i]
+                leases = self._zset(lkey)
+                active = len(leases)
+                removed = leases.pop(lease, None) is not None
+                if not leases:
+                    self.zsets.pop(lkey, None)
+                if removed and active >= conc:
+                    self.publish(channel, "free\t" + scope_of(lkey))
+            return ["ok", count]
+
+        if op == "backoff":
+            key_ttl = float(argv[4])
+            scopes = int(argv[5])
+            reply = ["ok", count]
+            for i in range(scopes):
+                b = 5 + i * 8
+                hold, age, delay, cd, factor, bmin, bmax, bwin = (
+                    float(argv[b + 1 + k]) for k in range(8)
+                )
+                skey = keys[1 + 2 * i]
+                st = load(skey)
+                if cd > st.cd:
+                    st.cd = cd
+                base = max(delay, st.cd)
+                settle(st, base, factor, bmin, bwin)
+                outcome = "held"
+                if hold >= 0:
+                    if now + hold > st.hold:
+                        st.hold = now + hold
+                    st.ss = now
+                    self.publish(channel, "hold\t" + scope_of(skey))
+                elif now - age < st.ss:
+                    outcome = "dup"
+                else:
+                    st.bo = min(bmax, max(bmin, max(base, st.bo) * factor))
+                    st.ss = now
+                    outcome = "step"
+                    self.publish(channel, "step\t" + scope_of(skey))
+                if outcome != "dup" and st.bo > 0:
+                    st.rec = now + bwin if bwin > 0 else 0.0
+                save(skey, st, key_ttl)
+                reply += [outcome, fmt(st.bo)]
+            return reply
+
+        if op == "quota":
+            key_ttl = float(argv[4])
+            scopes = int(argv[5])
+            for i in range(scopes):
+                b = 5 + i * 4
+                consumed, remaining, quota, window = (float(argv[b + 1 + k]) for k in range(4))
+                skey = keys[1 + 2 * i]
+                st = load(skey)
+                widx = math.floor(now / window)
+                if st.qw != widx:
+                    st.qw = widx
+                    st.qu = 0.0
+                if remaining >= 0:
+                    st.qu = max(0.0, quota - remaining)
+                else:
+                    st.qu = st.qu + consumed
+                save(skey, st, max(key_ttl, window))
+            return ["ok", count]
+
+        raise ValueError(f"slotkit: unknown operation {op!r}")

@@ -1,0 +1,150 @@
+"""The Lua script against a real redis-server, and its Python twin on the same inputs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from twisted.internet.task import Clock
+
+from slotkit.shared.client import script_source
+from slotkit.shared.twin import TwinStore, fmt
+from tests.test_shared_support import redis_server  # noqa: F401 - a fixture
+
+NS = "{t}:"
+WORKERS = NS + "w"
+
+
+def keys(*scopes: str) -> list[str]:
+    out = [WORKERS]
+    for scope in scopes:
+        out += [f"{NS}s:{scope}", f"{NS}l:{scope}"]
+    return out
+
+
+def acquire_argv(now, worker, lease, scopes, *, horizon=30.0, lease_ttl=10.0):
+    argv = ["acquire", fmt(now), worker, fmt(5.0), lease, fmt(lease_ttl), fmt(horizon)]
+    argv += [fmt(600.0), str(len(scopes))]
+    for s in scopes:
+        argv += [
+            fmt(s.get("amount", 1.0)),
+            fmt(s.get("delay", 1.0)),
+            str(s.get("concurrency", 2)),
+            fmt(s.get("quota", -1.0)),
+            fmt(s.get("window", 10.0)),
+            fmt(s.get("cd", 0.0)),
+            fmt(2.0),
+            fmt(1.0),
+            fmt(60.0),
+            fmt(s.get("bwin", 5.0)),
+            "0",
+        ]
+    return argv
+
+
+def backoff_argv(now, worker, hold, age, delay=1.0, cd=0.0, bwin=5.0):
+    return [
+        "backoff", fmt(now), worker, fmt(5.0), fmt(600.0), "1",
+        fmt(hold), fmt(age), fmt(delay), fmt(cd), fmt(2.0), fmt(1.0), fmt(60.0), fmt(bwin),
+    ]
+
+
+def release_argv(now, worker, lease, concs):
+    return ["release", fmt(now), worker, fmt(5.0), lease, str(len(concs)), *map(str, concs)]
+
+
+def quota_argv(now, worker, consumed, remaining, quota, window):
+    return [
+        "quota", fmt(now), worker, fmt(5.0), fmt(600.0), "1",
+        fmt(consumed), fmt(remaining), fmt(quota), fmt(window),
+    ]
+
+
+@pytest.fixture
+def client(redis_server):  # noqa: F811
+    import redis
+
+    r = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield r
+    r.close()
+
+
+def random_ops(seed: int, count: int = 300):
+    """A reproducible mix of every operation over three scopes and three workers."""
+    rng = random.Random(seed)
+    now = 1_700_000_000.0 + rng.random()
+    leases: list[tuple[str, list[str], list[int]]] = []
+    configs = {
+        "a": {"delay": 0.5, "concurrency": 2},
+        "b": {"delay": 0.0, "concurrency": 1, "quota": 3.0, "window": 4.0},
+        "c": {"delay": 0.25, "concurrency": 3, "cd": 0.0},
+    }
+    for i in range(count):
+        now += rng.choice([0.0, 0.001, 0.1, 0.3, 0.7, 1.3, 4.0])
+        worker = f"w{rng.randrange(3)}"
+        op = rng.random()
+        if op < 0.55:
+            chosen = rng.sample(sorted(configs), rng.randint(1, 3))
+            specs = []
+            for name in chosen:
+                spec = dict(configs[name])
+                if name == "c" and rng.random() < 0.2:
+                    spec["cd"] = rng.choice([0.0, 0.75, 1.5])
+                spec["amount"] = rng.choice([1.0, 1.0, 2.5])
+                specs.append(spec)
+            lease = f"{worker}:{i}"
+            argv = acquire_argv(now, worker, lease, specs, horizon=rng.choice([0.5, 30.0]))
+            leases.append((lease, chosen, [s["concurrency"] for s in specs]))
+            yield keys(*chosen), argv
+        elif op < 0.8 and leases:
+            lease, chosen, concs = leases.pop(rng.randrange(len(leases)))
+            yield keys(*chosen), release_argv(now, worker, lease, concs)
+        elif op < 0.93:
+            scope = rng.choice(sorted(configs))
+            hold = rng.choice([-1.0, -1.0, 0.0, 2.0, 3.0])
+            yield keys(scope), backoff_argv(now, worker, hold, rng.choice([0.0, 0.5, 3.0]))
+        elif op < 0.97:
+            yield keys("b"), quota_argv(now, worker, rng.choice([0.0, 1.0]),
+                                        rng.choice([-1.0, 0.0, 2.0]), 3.0, 4.0)
+        else:
+            yield [WORKERS], ["beat", fmt(now), worker, fmt(5.0)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_script_and_twin_agree(client, seed):
+    """Random sequences of every operation give byte-identical replies from Lua and the twin."""
+    script = client.register_script(script_source())
+    twin = TwinStore(Clock())  # its clock stays at 0, so no key expires in the twin
+    for step, (k, argv) in enumerate(random_ops(seed)):
+        expected = twin.run(k, argv)
+        got = script(keys=k, args=argv)
+        assert got == expected, f"step {step}: {argv}"
+    # Every key the script wrote expires.
+    for key in client.keys("{t}:*"):
+        assert client.pttl(key) > 0, key
+
+
+def test_script_uses_redis_time_when_not_pinned(client):
+    """Without a pinned time the script reads TIME: the reply is a relative wait."""
+    script = client.register_script(script_source())
+    spec = [{"delay": 2.0, "concurrency": 5}]
+    unpinned = [acquire_argv(0, "w", lease, spec) for lease in ("l1", "l2")]
+    for argv in unpinned:
+        argv[1] = ""  # no pinned time: the script reads TIME
+    first = script(keys=keys("x"), args=unpinned[0])
+    second = script(keys=keys("x"), args=unpinned[1])
+    assert first[0] == second[0] == "ok"
+    assert float(first[2]) == 0.0
+    assert 1.9 < float(second[2]) <= 2.0
+
+
+def test_all_keys_share_one_hash_tag(client):
+    """Every key the script touches carries the namespace's hash tag (Redis Cluster safe)."""
+    script = client.register_script(script_source())
+    script(keys=keys("a", "b"), args=acquire_argv(100.0, "w", "l", [{}, {}]))
+    script(keys=keys("a"), args=backoff_argv(100.0, "w", 3.0, 0.0))
+    assert client.keys("*")
+    assert all(key.startswith("{t}:") for key in client.keys("*"))
+    from redis.crc import key_slot
+
+    assert len({key_slot(key.encode()) for key in client.keys("*")}) == 1

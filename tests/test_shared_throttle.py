@@ -1,0 +1,337 @@
+"""The shared throttle on the twin store, time on Clocks: several workers, one store.
+
+Each worker has its own :class:`Clock` (so one can be skewed) and the store
+has another; :meth:`Cluster.advance` moves them all. Coroutines run on the
+asyncio reactor of pytest-twisted; :func:`settle` only lets zero-delay
+callbacks run, so no real time matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+
+import pytest
+import pytest_twisted
+from scrapy import Request
+from twisted.internet.task import Clock
+
+from slotkit.gate import GateClosedError
+from slotkit.registry import Scope
+from slotkit.shared.client import TwinBackend
+from slotkit.shared.downloader import current_pass
+from slotkit.shared.manager import SharedScopeManager
+from slotkit.shared.throttle import FALLBACK, SHARED, SharedThrottle, ThrottleOptions
+from slotkit.shared.twin import TwinStore
+
+DELAY = 1.0
+HOLD = 3.0
+TICK = 0.01
+
+
+async def settle(turns: int = 20) -> None:
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    for _ in range(turns):
+        await deferLater(reactor, 0)
+
+
+class Worker:
+    def __init__(self, name: str, store: TwinStore, skew: float, start: float) -> None:
+        self.clock = Clock()
+        self.clock.advance(start + skew)
+        self.backend = TwinBackend(store)
+        self.throttle = SharedThrottle(
+            self.backend, self.clock, name, ThrottleOptions(namespace="t", lease_ttl=60.0)
+        )
+        self.throttle.start()
+        self.scopes: dict[str, Scope] = {}
+        self.sent: list[tuple[float, str]] = []  # (store time, url)
+
+    def scope(self, scope_id: str, **config) -> Scope:
+        scope = self.scopes.get(scope_id)
+        if scope is None:
+            config = {"concurrency": 1, "delay": DELAY, **config}
+            manager = SharedScopeManager(config, self.throttle)
+            manager.bind(scope_id)
+            self.throttle.register(manager)
+            scope = self.scopes[scope_id] = Scope(scope_id, manager)
+        return scope
+
+
+class Cluster:
+    """A store and its workers, with one knob for time."""
+
+    START = 1000.0
+
+    def __init__(self, workers: int = 2, skews: tuple[float, ...] = ()) -> None:
+        self.clock = Clock()
+        self.clock.advance(self.START)
+        self.store = TwinStore(self.clock)
+        self.workers = [
+            Worker(f"w{i}", self.store, skews[i] if i < len(skews) else 0.0, self.START)
+            for i in range(workers)
+        ]
+
+    def advance(self, seconds: float) -> None:
+        for clock in [self.clock, *(w.clock for w in self.workers)]:
+            clock.advance(seconds)
+
+    async def run_for(self, seconds: float, step: float = TICK) -> None:
+        for _ in range(round(seconds / step)):
+            self.advance(step)
+            await settle(3)
+
+    def fetch(self, worker: Worker, url: str, scopes: list[Scope], amounts=None):
+        """Start the shared reservation of *url*; record when (store time) it went."""
+        amounts = amounts or [None] * len(scopes)
+
+        async def go():
+            ticket = await worker.throttle.reserve(Request(url), scopes, amounts)
+            worker.sent.append((self.clock.seconds(), url))
+            return ticket
+
+        return asyncio.ensure_future(go())
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.throttle.close()
+
+
+async def reserve_now(worker: Worker, url: str, scopes: list[Scope]):
+    """Reserve *url* and wait for it (the store answers at once here)."""
+    from twisted.internet.defer import Deferred
+
+    future = asyncio.ensure_future(worker.throttle.reserve(Request(url), scopes, [None]))
+    return await Deferred.fromFuture(future)
+
+
+def all_sends(cluster: Cluster) -> list[float]:
+    return sorted(t for w in cluster.workers for t, _ in w.sent)
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_workers_share_one_delay():
+    """Two workers sending to one scope are spaced by its delay in total, not each."""
+    cluster = Cluster(2)
+    futures = []
+    for i in range(3):
+        for w in cluster.workers:
+            futures.append(cluster.fetch(w, f"http://a/{w.throttle.worker_id}/{i}",
+                                         [w.scope("a", concurrency=10)]))
+    await settle()
+    await cluster.run_for(6.5)
+    sends = all_sends(cluster)
+    assert len(sends) == 6
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert min(gaps) >= DELAY - 1e-6
+    assert sends[-1] - sends[0] == pytest.approx(5 * DELAY, abs=0.05)
+    # One acquire per request: the reservation needs no second call.
+    assert sum(w.throttle.acquires for w in cluster.workers) == 6
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_shared_concurrency_and_free_message():
+    """A shared concurrency of 1 admits one request at a time; a release wakes the other worker."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    first = cluster.fetch(a, "http://c/1", [a.scope("c", delay=0.0)])
+    await settle()
+    second = cluster.fetch(b, "http://c/2", [b.scope("c", delay=0.0)])
+    await settle()
+    assert first.done()
+    assert not second.done()
+    a.throttle.release(first.result())
+    await settle()
+    assert second.done(), "the free message woke the waiting worker at once"
+    assert b.throttle.acquires == 2
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_hold_stops_every_worker_and_cancels_reservations():
+    """A Retry-After hold from one worker cancels the others' reservations and holds them."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    ta = await reserve_now(a, "http://h/0", [a.scope("h", concurrency=5)])
+    pending = cluster.fetch(b, "http://h/1", [b.scope("h", concurrency=5)])
+    await settle()
+    assert not pending.done()  # reserved for DELAY from now
+    token = current_pass.set(ta)
+    a.scopes["h"].manager.record_backoff(HOLD, a.clock.seconds())
+    current_pass.reset(token)
+    await settle()
+    held_at = cluster.clock.seconds()
+    await cluster.run_for(HOLD + 0.5)
+    assert pending.done()
+    (went, _), = b.sent
+    assert went >= held_at + HOLD - 1e-6
+    # The worker that did not see the 429 still knows the deadline (for a fallback).
+    assert b.scopes["h"].manager.fallback.hold_until == pytest.approx(held_at + HOLD)
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_backoff_steps_are_deduplicated_across_workers():
+    """Two workers reporting a 429 for requests sent before the step count one step."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    ta = await reserve_now(a, "http://s/0", [a.scope("s", concurrency=5)])
+    await cluster.run_for(DELAY)
+    tb = await reserve_now(b, "http://s/1", [b.scope("s", concurrency=5)])
+    await cluster.run_for(0.2)
+    for worker, ticket in ((a, ta), (b, tb)):
+        token = current_pass.set(ticket)
+        worker.scopes["s"].manager.record_backoff(None, worker.clock.seconds())
+        current_pass.reset(token)
+        await cluster.run_for(0.01)
+    state = cluster.store.hashes["{t}:s:s"]
+    assert float(state["bo"]) == 2.0  # one step: max(1, 1 * 2), not 4
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_quota_windows_are_aligned_for_all_workers():
+    """A quota of 2 per 10 s window is shared; the third request waits for the next window."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    spec = {"delay": 0.0, "concurrency": 10, "quota": 2.0, "window": 10.0}
+    futures = [cluster.fetch(w, f"http://q/{i}", [w.scope("q", **spec)])
+               for i, w in enumerate([a, b, a])]
+    await settle()
+    assert [f.done() for f in futures] == [True, True, False]
+    await cluster.run_for(10.0, step=0.1)
+    assert futures[2].done()
+    (late, _) = sorted(a.sent)[-1]
+    assert late % 10.0 == pytest.approx(0.0, abs=0.11)  # the start of the store's next window
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_larger_crawl_delay_wins():
+    """A worker that knows a robots.txt Crawl-delay slows every worker to it."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    a.scope("r", concurrency=5, delay=0.1).manager.crawl_delay = 2.0
+    cluster.fetch(a, "http://r/0", [a.scopes["r"]])
+    await settle()
+    cluster.fetch(b, "http://r/1", [b.scope("r", concurrency=5, delay=0.1)])
+    await settle()
+    await cluster.run_for(2.5)
+    sends = all_sends(cluster)
+    assert sends[1] - sends[0] == pytest.approx(2.0, abs=0.02)
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_clock_skew_does_not_matter():
+    """A worker whose clock is 2 s ahead gets the same spacing: replies are relative waits."""
+    cluster = Cluster(2, skews=(0.0, 2.0))
+    futures = []
+    for i in range(3):
+        for w in cluster.workers:
+            futures.append(cluster.fetch(w, f"http://k/{w.throttle.worker_id}/{i}",
+                                         [w.scope("k", concurrency=10)]))
+    await settle()
+    await cluster.run_for(6.5)
+    sends = all_sends(cluster)
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert len(sends) == 6
+    assert min(gaps) >= DELAY - 1e-6
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_store_down_falls_back_at_one_nth_and_resyncs():
+    """A killed store: fallback at once at 1/N of the limits, known holds kept, then re-sync."""
+    cluster = Cluster(2)
+    a, _ = cluster.workers
+    await cluster.run_for(1.1)  # heartbeats: both workers count, N = 2
+    assert a.throttle.workers == 2
+    t0 = await reserve_now(a, "http://d/0", [a.scope("d", concurrency=4)])
+    a.throttle.release(t0)
+    token = current_pass.set(t0)
+    a.scopes["d"].manager.record_backoff(HOLD, a.clock.seconds())
+    current_pass.reset(token)
+    held_until = a.clock.seconds() + HOLD
+    a.backend.down = True
+    down_at = a.clock.seconds()
+    futures = [cluster.fetch(a, f"http://d/{i}", [a.scopes["d"]]) for i in range(1, 4)]
+    await settle()
+    await cluster.run_for(0.6)  # the probes after the first failure decide
+    assert a.throttle.mode == FALLBACK
+    assert a.throttle.fell_back_at - down_at <= 1.0
+    fallback = a.scopes["d"].manager.fallback
+    assert fallback.delay == 2 * DELAY  # 1/N with N = 2
+    assert fallback.concurrency == 2
+    await cluster.run_for(HOLD + 2 * DELAY + 0.5)
+    assert len(a.sent) == 2, "the fallback concurrency is 1/N of 4"
+    for f in futures[:2]:
+        a.throttle.release(f.result())
+    await cluster.run_for(2 * DELAY)
+    sends = sorted(t for t, _ in a.sent)
+    assert len(sends) == 3, "no request lost"
+    assert sends[0] >= held_until - 1e-6, "the known hold is honoured without the store"
+    assert min(y - x for x, y in itertools.pairwise(sends)) >= 2 * DELAY - 1e-6
+    a.throttle.release(futures[2].result())
+    a.backend.down = False
+    await cluster.run_for(1.0)
+    assert a.throttle.mode == SHARED
+    assert a.throttle.resyncs == 1
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_frozen_store_falls_back_within_a_second():
+    """A store that stops answering: calls time out and the worker falls back within 1 s."""
+    cluster = Cluster(1)
+    (a,) = cluster.workers
+    await cluster.run_for(0.1)
+    a.backend.frozen = True
+    frozen_at = a.clock.seconds()
+    future = cluster.fetch(a, "http://f/0", [a.scope("f")])
+    await settle()
+    assert not future.done()
+    await cluster.run_for(1.0)
+    assert future.done(), "the request went through the local fallback"
+    assert a.throttle.mode == FALLBACK
+    assert a.throttle.fell_back_at - frozen_at <= 1.0
+    a.throttle.release(future.result())
+    a.backend.frozen = False
+    await cluster.run_for(1.0)
+    assert a.throttle.mode == SHARED
+    # The timed-out acquire's lease is released after the re-sync.
+    assert not cluster.store.zsets.get("{t}:l:f")
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_fails_waiting_requests_and_cancels_timers():
+    """Closing the throttle fails what waits for the store and leaves no timer behind."""
+    cluster = Cluster(1)
+    (a,) = cluster.workers
+    first = cluster.fetch(a, "http://z/0", [a.scope("z", concurrency=5)])
+    second = cluster.fetch(a, "http://z/1", [a.scopes["z"]])
+    await settle()
+    assert first.done()
+    assert not second.done()
+    a.throttle.close()
+    await settle()
+    assert isinstance(second.exception(), GateClosedError)
+    assert a.clock.getDelayedCalls() == []
+
+
+def test_scope_manager_interface():
+    """SharedScopeManager provides IThrottlingScopeManager."""
+    from zope.interface.verify import verifyObject
+
+    from slotkit.interfaces import IThrottlingScopeManager
+
+    assert verifyObject(IThrottlingScopeManager, SharedScopeManager({"concurrency": 2}))
+    manager = SharedScopeManager({"concurrency": 1})
+    assert manager.can_send(0.0) == 0.0
+    manager.record_sent(0.0)
+    assert manager.can_send(0.0) == math.inf
