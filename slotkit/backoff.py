@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
-from slotkit.validation import Jitter, SettingsError, _closest, _describe, _number, parse_jitter
+from slotkit.validation import Jitter, SettingsError, _describe, _number, parse_jitter, unknown_key
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -133,10 +133,7 @@ def scope_backoff(default: BackoffConfig, where: str, entry: object) -> BackoffC
     changes: dict[str, Any] = {}
     for key, value in entry.items():
         if key not in BACKOFF_KEYS:
-            raise SettingsError(
-                f"{where} has an unknown key {key!r}{_closest(str(key), BACKOFF_KEYS)} "
-                f"(accepted keys: {', '.join(sorted(BACKOFF_KEYS))})"
-            )
+            raise unknown_key(where, key, BACKOFF_KEYS)
         item = f"{where}[{key!r}]"
         if key == "http_codes":
             changes[key] = _http_codes(item, value)

@@ -29,6 +29,7 @@ from slotkit.validation import (
     _integer,
     _number,
     parse_jitter,
+    unknown_key,
 )
 
 if TYPE_CHECKING:
@@ -167,10 +168,7 @@ def _validate_scope_entry(setting: str, scope: object, entry: object) -> dict[st
                 f"(got {_describe(value)}); accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
             )
         if key not in SCOPE_KEYS:
-            raise SettingsError(
-                f"{where} has an unknown key {key!r}{_closest(str(key), SCOPE_KEYS)} "
-                f"(accepted keys: {', '.join(sorted(SCOPE_KEYS))})"
-            )
+            raise unknown_key(where, key, SCOPE_KEYS)
         if key == "concurrency":
             result[key] = _integer(f"{where}['concurrency']", value, minimum=1)
         elif key == "min_concurrency":
@@ -237,10 +235,7 @@ def _rampup_entry(where: str, value: object) -> dict[str, Any] | None:
     result: dict[str, Any] = {}
     for key, item in value.items():
         if key not in RAMPUP_KEYS:
-            raise SettingsError(
-                f"{where} has an unknown key {key!r}{_closest(str(key), RAMPUP_KEYS)} "
-                f"(accepted keys: {', '.join(sorted(RAMPUP_KEYS))})"
-            )
+            raise unknown_key(where, key, RAMPUP_KEYS)
         if key == "backoff_target":
             result[key] = parse_target(f"{where}['backoff_target']", item)
         elif key == "delay_factor":

@@ -79,3 +79,11 @@ def parse_jitter(where: str, value: object) -> Jitter:
         return (low, high)
     magnitude = _number(where, value)
     return (-magnitude, magnitude)
+
+
+def unknown_key(where: str, key: object, accepted: frozenset[str]) -> SettingsError:
+    """The error for a key *where* does not take, with the closest accepted one."""
+    return SettingsError(
+        f"{where} has an unknown key {key!r}{_closest(str(key), accepted)} "
+        f"(accepted keys: {', '.join(sorted(accepted))})"
+    )
