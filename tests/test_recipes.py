@@ -36,7 +36,14 @@ def recipe(name: str) -> ModuleType:
 
 def test_every_recipe_file_is_tested() -> None:
     """A recipe added to the docs without a test here fails this test."""
-    tested = {"fixed_window", "endpoints", "scraping_api", "cost_cap", "registrable_domain"}
+    tested = {
+        "fixed_window",
+        "endpoints",
+        "scraping_api",
+        "cost_cap",
+        "registrable_domain",
+        "ip_scopes",
+    }
     assert {path.stem for path in RECIPES.glob("*.py")} == tested
 
 
@@ -176,3 +183,19 @@ async def test_nested_scopes_share_the_parent_limit(mock_site: MockSite) -> None
     result = await run_crawl(ListSpider, settings, urls=urls, resolve=hosts)
     assert len(result.responses) == 8
     assert mock_site.recorder.max_concurrency() == 3
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_ip_scopes_manager_shares_the_address_limit(mock_site: MockSite) -> None:
+    """localhost and 127.0.0.1 resolve to one address: together at most 2 in flight."""
+    module = recipe("ip_scopes")
+    urls = [
+        f"http://{host}:{mock_site.port}/page/{i}?delay=0.2"
+        for i in range(3)
+        for host in ("localhost", "127.0.0.1")
+    ]
+    settings = {**SLOTKIT, **module.SETTINGS, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 6
+    assert mock_site.recorder.max_concurrency() == 2
