@@ -26,9 +26,16 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
 from slotkit.clock import default_clock
-from slotkit.feedback import Feedback
+from slotkit.feedback import Feedback, current_request
 from slotkit.gate import Gate, Waiter
-from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT, build_manager, normalize_scopes, scope_kind
+from slotkit.manager import (
+    AUTO_SLOT,
+    DOWNLOAD_SLOT,
+    ThrottlingManager,
+    build_manager,
+    normalize_scopes,
+    scope_kind,
+)
 from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
@@ -125,6 +132,8 @@ class Downloader:
         self.signals.connect(self._engine_started, signal=signals.engine_started)
         self._get_scopes = self.manager.get_scopes
         self._sync_scopes = not inspect.iscoroutinefunction(self._get_scopes)
+        # The stock manager's scopes can be computed without the awaitable wrapper.
+        self._default_get_scopes = type(self.manager).get_scopes is ThrottlingManager.get_scopes
 
     @property
     def clock(self) -> IReactorTime:
@@ -234,6 +243,8 @@ class Downloader:
 
     def _sync_scopes_of(self, request: Request) -> dict[str, float | None]:
         """The scopes of *request* when ``get_scopes`` answers without awaiting, else ``{}``."""
+        if self._default_get_scopes:
+            return normalize_scopes(self.manager._default_scopes(request))
         if not self._sync_scopes:
             return {}
         try:
@@ -315,10 +326,7 @@ class Downloader:
         self.stats.inc("backoff/triggers/delay_scope")
         self.gate.poke(scope)
 
-    async def _scopes_of(self, request: Request) -> dict[str, float | None]:
-        raw = self._get_scopes(request)
-        if inspect.isawaitable(raw):
-            raw = await (maybe_deferred_to_future(raw) if isinstance(raw, Deferred) else raw)
+    def _normalized_scopes(self, request: Request, raw: Any) -> dict[str, float | None]:
         scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
         meta = request.meta
         slot = meta.get(DOWNLOAD_SLOT)
@@ -338,7 +346,10 @@ class Downloader:
            :mod:`slotkit.resend`). The signals match the stock downloader's:
            reached once, downloaded per transfer, left once.
         """
-        scopes_amounts = await self._scopes_of(request)
+        raw = self._get_scopes(request)
+        if _needs_await(raw):  # the common, synchronous case skips a coroutine
+            raw = await _resolved(raw)
+        scopes_amounts = self._normalized_scopes(request, raw)
         scopes = self.registry.scopes_for(scopes_amounts)
         amounts = list(scopes_amounts.values())
         meta = request.meta
@@ -404,8 +415,13 @@ class Downloader:
                 request=request,
                 spider=self.crawler.spider,
             )
-            with self.backoff.evaluating(request):
-                backoff = await _resolved(self.manager.get_response_backoff(response))
+            token = current_request.set(request)
+            try:
+                backoff = self.manager.get_response_backoff(response)
+                if _needs_await(backoff):
+                    backoff = await _resolved(backoff)
+            finally:
+                current_request.reset(token)
             self.backoff.apply(ticket, backoff, reason=str(response.status))
             return response, self.backoff.is_signal(response, backoff)
         finally:
@@ -456,6 +472,13 @@ class Downloader:
     def _dispatched(self, waiter: Waiter, now: float) -> None:
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
+
+
+def _needs_await(value: Any) -> bool:
+    """Whether a user method's result must be awaited (not a plain or self-awaiting value)."""
+    if value is None or isinstance(value, (str, list, dict, set, tuple, frozenset)):
+        return False
+    return isinstance(value, Deferred) or inspect.isawaitable(value)
 
 
 async def _resolved(value: Any) -> Any:

@@ -13,10 +13,9 @@ The throttling manager says what a response or an exception means
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from slotkit.backoff import capped
@@ -62,15 +61,6 @@ class Feedback:
         self._gate = gate
         self._clock = clock
         self._stats = stats
-
-    @contextlib.contextmanager
-    def evaluating(self, request: Request) -> Iterator[None]:
-        """Make *request* the :data:`current_request` while its outcome is judged."""
-        token = current_request.set(request)
-        try:
-            yield
-        finally:
-            current_request.reset(token)
 
     def apply(
         self, ticket: Waiter, backoff: Mapping[str, ScopeBackoff] | None, reason: str
