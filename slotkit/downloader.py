@@ -44,7 +44,7 @@ from slotkit.robots import CrawlDelays, apply_crawl_delay
 from slotkit.scheduler import check_priority_queue
 from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
 from slotkit.settings import DOMAIN, ScopeConfig, ThrottlingSettings
-from slotkit.slots import SlotsView, SlotView
+from slotkit.slots import SlotsView, SlotView, view_of
 from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
 
@@ -275,7 +275,7 @@ class Downloader:
 
     def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, SlotView]:
         key = self.get_slot_key(request)
-        return key, SlotView(self.registry.get(key), self.gate)
+        return key, view_of(self.registry.get(key), self.gate)
 
     # Scopes
 

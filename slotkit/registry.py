@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class Scope:
         "stalled",
         "step_started_at",
         "timer",
+        "view",
         "waiters",
     )
 
@@ -72,6 +73,8 @@ class Scope:
         self.capped_logged = False
         #: A request of this scope hit the re-send bound (see :mod:`slotkit.resend`).
         self.stalled = False
+        #: Its ``Downloader.slots`` view, made on first use (see :mod:`slotkit.slots`).
+        self.view: Any = None
 
     def is_busy(self) -> bool:
         """True while the gate holds anything of this scope."""
@@ -175,6 +178,11 @@ class ScopeRegistry:
                 self._scopes.move_to_end(scope_id)
             else:
                 return  # the oldest idle scope is not old enough: none younger is
+
+    @property
+    def live(self) -> Mapping[str, Scope]:
+        """The live scopes by id, read-only by convention (the slots view reads it directly)."""
+        return self._scopes
 
     def __contains__(self, scope_id: object) -> bool:
         return scope_id in self._scopes

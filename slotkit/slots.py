@@ -107,20 +107,30 @@ class SlotsView(Mapping[str, SlotView]):
     """``Downloader.slots``: live scopes by id, as :class:`SlotView` objects."""
 
     def __init__(self, registry: ScopeRegistry, gate: Gate) -> None:
-        self._registry = registry
+        # Scrapy's default priority queue reads every slot on every pop, so
+        # lookups go straight to the registry's dict and views are cached.
+        self._scopes = registry.live
         self._gate = gate
 
     def __getitem__(self, key: str) -> SlotView:
-        scope = self._registry.peek(key)
+        scope = self._scopes.get(key)
         if scope is None:
             raise KeyError(key)
-        return SlotView(scope, self._gate)
+        return view_of(scope, self._gate)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._registry
+        return key in self._scopes
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._registry))
+        return iter(list(self._scopes))
 
     def __len__(self) -> int:
-        return len(self._registry)
+        return len(self._scopes)
+
+
+def view_of(scope: Scope, gate: Gate) -> SlotView:
+    """The (cached) :class:`SlotView` of *scope*."""
+    view = scope.view
+    if view is None:
+        view = scope.view = SlotView(scope, gate)
+    return view  # type: ignore[no-any-return]
