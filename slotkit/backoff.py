@@ -78,7 +78,7 @@ def _exceptions(where: str, value: object) -> tuple[type[BaseException], ...]:
         if isinstance(item, str):
             try:
                 loaded = load_object(item)
-            except (ImportError, NameError, ValueError, AttributeError) as exc:
+            except Exception as exc:  # any import-time failure is the setting's fault
                 raise SettingsError(
                     f"{where} names {item!r}, which cannot be imported: {exc}"
                 ) from None
@@ -93,6 +93,20 @@ def _factor(where: str, value: object) -> float:
     if factor <= 1.0:
         raise SettingsError(f"{where} must be a number > 1 (got {_describe(value)})")
     return factor
+
+
+#: Shortest window accepted: below it, window arithmetic would stall in float rounding.
+MIN_WINDOW = 0.001
+
+
+def _window(value: object) -> float:
+    window = _number("BACKOFF_WINDOW", value)
+    if 0 < window < MIN_WINDOW:
+        raise SettingsError(
+            f"BACKOFF_WINDOW must be 0 (no recovery, no rampup) or at least {MIN_WINDOW:g} "
+            f"(got {_describe(value)})"
+        )
+    return window
 
 
 def _check_bounds(where: str, config: BackoffConfig) -> BackoffConfig:
@@ -118,7 +132,7 @@ def read_backoff(settings: BaseSettings) -> BackoffConfig:
         max_delay=_number("BACKOFF_MAX_DELAY", settings.get("BACKOFF_MAX_DELAY", 300.0)),
         min_delay=_number("BACKOFF_MIN_DELAY", settings.get("BACKOFF_MIN_DELAY", 1.0)),
         jitter=parse_jitter("BACKOFF_JITTER", settings.get("BACKOFF_JITTER", 0.1)),
-        window=_number("BACKOFF_WINDOW", settings.get("BACKOFF_WINDOW", 60.0)),
+        window=_window(settings.get("BACKOFF_WINDOW", 60.0)),
     )
     return _check_bounds("BACKOFF_MIN_DELAY/BACKOFF_MAX_DELAY", config)
 

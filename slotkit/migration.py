@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
+from slotkit.validation import _number, as_bool
+
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
@@ -65,6 +67,15 @@ class AutoThrottleMapping:
     rampup: bool
 
 
+def _float(settings: BaseSettings, name: str, default: float) -> float:
+    """A number setting, refused with the setting's name if it is not one."""
+    return _number(name, settings.get(name, default))
+
+
+def _bool(settings: BaseSettings, name: str) -> bool:
+    return as_bool(settings, name)
+
+
 def _explicit(settings: BaseSettings, name: str) -> bool:
     return (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES["default"]
 
@@ -74,18 +85,18 @@ def autothrottle_mapping(settings: BaseSettings) -> AutoThrottleMapping | None:
 
     Explicit slotkit settings win over mapped AutoThrottle ones.
     """
-    if not settings.getbool("AUTOTHROTTLE_ENABLED"):
+    if not _bool(settings, "AUTOTHROTTLE_ENABLED"):
         return None
-    start = settings.getfloat("AUTOTHROTTLE_START_DELAY", 5.0)
-    delay = max(settings.getfloat("DOWNLOAD_DELAY"), start)
+    start = _float(settings, "AUTOTHROTTLE_START_DELAY", 5.0)
+    delay = max(_float(settings, "DOWNLOAD_DELAY", 0.0), start)
     max_delay = None
     if not _explicit(settings, "BACKOFF_MAX_DELAY"):
-        max_delay = settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0)
+        max_delay = _float(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0)
     return AutoThrottleMapping(
         delay=delay,
         max_delay=max_delay,
-        debug=settings.getbool("AUTOTHROTTLE_DEBUG"),
-        rampup=settings.getfloat("AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0) > 0,
+        debug=_bool(settings, "AUTOTHROTTLE_DEBUG"),
+        rampup=_float(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0) > 0,
     )
 
 

@@ -106,6 +106,10 @@ class ThrottlingScopeManager:
     def can_send(self, now: float, amount: float | None = None) -> float:
         self._settle(now)
         if self.active >= self.concurrency:
+            rampup = self.rampup
+            if rampup is not None and self.concurrency < self.max_concurrency:
+                # A rampup step at the window's end may raise the concurrency.
+                return rampup.window_end - now  # > 0: _settle closed every ended window
             return math.inf
         wait = self.next_allowed - now
         if self.quota is not None:

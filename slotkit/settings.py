@@ -28,6 +28,7 @@ from slotkit.validation import (
     _describe,
     _integer,
     _number,
+    as_bool,
     parse_jitter,
     unknown_key,
 )
@@ -76,7 +77,7 @@ def _dict_setting(settings: BaseSettings, name: str) -> Any:
     if isinstance(value, str):
         try:
             return settings.getdict(name)
-        except ValueError:
+        except (ValueError, TypeError):
             raise SettingsError(
                 f"{name} must be a dict, or JSON text of one (got {_describe(value)})"
             ) from None
@@ -97,7 +98,7 @@ def _load_class(where: str, value: object) -> type:
         raise SettingsError(f"{where} must be a class or an import path (got {_describe(value)})")
     try:
         loaded = load_object(value)
-    except (ImportError, NameError, ValueError, AttributeError) as exc:
+    except Exception as exc:  # any import-time failure is the setting's fault
         raise SettingsError(f"{where} could not be imported from {value!r}: {exc}") from None
     if not isinstance(loaded, type):
         raise SettingsError(f"{where} must name a class (got {_describe(loaded)})")
@@ -292,7 +293,7 @@ def _default_jitter(settings: BaseSettings) -> Jitter:
     jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
     if randomize_priority > default_priority and randomize_priority > jitter_priority:
         return parse_jitter(
-            "RANDOMIZE_DOWNLOAD_DELAY", settings.getbool("RANDOMIZE_DOWNLOAD_DELAY")
+            "RANDOMIZE_DOWNLOAD_DELAY", as_bool(settings, "RANDOMIZE_DOWNLOAD_DELAY")
         )
     return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
 
@@ -368,7 +369,7 @@ class ThrottlingSettings:
             if "backoff" in entry
         }
         grouping = settings.get("THROTTLING_DOMAIN_GROUPING", "host")
-        if grouping not in DOMAIN_GROUPINGS:
+        if not isinstance(grouping, str) or grouping not in DOMAIN_GROUPINGS:
             raise SettingsError(
                 f"THROTTLING_DOMAIN_GROUPING must be one of {', '.join(sorted(DOMAIN_GROUPINGS))} "
                 f"(got {_describe(grouping)}){_closest(str(grouping), DOMAIN_GROUPINGS)}"
@@ -379,8 +380,8 @@ class ThrottlingSettings:
         return cls(
             autothrottle=autothrottle,
             domain_grouping=grouping,
-            robots_obey=settings.getbool("ROBOTSTXT_OBEY")
-            and settings.getbool("THROTTLING_ROBOTSTXT_OBEY", True),
+            robots_obey=as_bool(settings, "ROBOTSTXT_OBEY")
+            and as_bool(settings, "THROTTLING_ROBOTSTXT_OBEY", True),
             robots_max_delay=_number(
                 "THROTTLING_ROBOTSTXT_MAX_DELAY",
                 settings.get("THROTTLING_ROBOTSTXT_MAX_DELAY", 60.0),
@@ -391,7 +392,7 @@ class ThrottlingSettings:
             ),
             backoff=backoff,
             scope_backoffs=scope_backoffs,
-            resend=settings.getbool("BACKOFF_RESEND", True),
+            resend=as_bool(settings, "BACKOFF_RESEND", True),
             resend_timeout=_number(
                 "BACKOFF_RESEND_TIMEOUT", settings.get("BACKOFF_RESEND_TIMEOUT", 180.0)
             ),
@@ -428,7 +429,7 @@ class ThrottlingSettings:
                 settings.get("DELAYED_REQUESTS_WARN_THRESHOLD", 500),
                 minimum=0,
             ),
-            debug=settings.getbool("THROTTLING_DEBUG")
+            debug=as_bool(settings, "THROTTLING_DEBUG")
             or (autothrottle is not None and autothrottle.debug),
             manager=None if manager is None else _load_class("THROTTLING_MANAGER", manager),
             scope_manager=(

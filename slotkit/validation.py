@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import math
+from typing import Any
 
 __all__ = ["NO_JITTER", "Jitter", "SettingsError", "parse_jitter"]
 
@@ -36,7 +37,7 @@ def _number(where: str, value: object, *, minimum: float = 0.0) -> float:
         raise SettingsError(f"{where} must be a number >= {minimum:g} (got {_describe(value)})")
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise SettingsError(
             f"{where} must be a number >= {minimum:g} (got {_describe(value)})"
         ) from None
@@ -87,3 +88,13 @@ def unknown_key(where: str, key: object, accepted: frozenset[str]) -> SettingsEr
         f"{where} has an unknown key {key!r}{_closest(str(key), accepted)} "
         f"(accepted keys: {', '.join(sorted(accepted))})"
     )
+
+
+def as_bool(settings: Any, name: str, default: bool = False) -> bool:
+    """``settings.getbool(name)``, refusing values Scrapy cannot read as a boolean."""
+    try:
+        return bool(settings.getbool(name, default))
+    except (ValueError, TypeError):
+        raise SettingsError(
+            f"{name} must be True or False (got {_describe(settings.get(name))})"
+        ) from None
