@@ -212,3 +212,23 @@ async def test_delay_scope_holds_a_scope(mock_site: MockSite) -> None:
     assert len(arrivals) == 3
     # The second request was already on its way when the first callback ran.
     assert arrivals[2] - arrivals[0] >= 0.5 - SLACK
+
+
+@pytest_twisted.ensureDeferred
+async def test_cached_responses_never_trigger_backoff(mock_site: MockSite, tmp_path: Any) -> None:
+    """A 503 served by HttpCacheMiddleware from its cache does not slow the scope down."""
+    mock_site.set_behaviour(HOST, always(503))
+    settings = {
+        **SLOTKIT,
+        "HTTPCACHE_ENABLED": True,
+        "HTTPCACHE_DIR": str(tmp_path / "cache"),
+        "RETRY_ENABLED": False,
+    }
+    urls = pages(mock_site, HOST, 3)
+    first = await run_crawl(ListSpider, settings, urls=urls)
+    assert first.stats["throttling/backoff/steps"] == 1
+    assert mock_site.recorder.count(HOST) == 3
+    second = await run_crawl(ListSpider, settings, urls=urls)
+    assert mock_site.recorder.count(HOST) == 3  # all three came from the cache
+    assert [r.status for r in second.responses] == [503] * 3
+    assert "throttling/backoff/steps" not in second.stats
