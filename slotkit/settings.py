@@ -329,6 +329,10 @@ class ThrottlingSettings:
     scope_backoffs: Mapping[str, BackoffConfig] = field(default_factory=dict)
     resend: bool = True
     resend_timeout: float = 180.0
+    #: Resolved configs of scopes with no entry of their own, by kind.
+    _kind_configs: dict[str, ScopeConfig] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
     window: float = 60.0
     rampup_target: tuple[int, int] = (1, 1)
     robots_obey: bool = False
@@ -454,6 +458,16 @@ class ThrottlingSettings:
     def scope_config(self, scope: str, kind: str) -> ScopeConfig:
         """Resolve the configuration of *scope*: defaults, then ``DOWNLOAD_SLOTS``,
         then ``THROTTLING_SCOPES``; ``CONCURRENT_REQUESTS`` caps the concurrency."""
+        if scope not in self.scopes and scope not in self.slots:
+            # Most scopes configure nothing of their own: their config depends
+            # only on their kind, and a broad crawl creates one per request.
+            cached = self._kind_configs.get(kind)
+            if cached is None:
+                cached = self._kind_configs[kind] = self._resolve(scope, kind)
+            return cached
+        return self._resolve(scope, kind)
+
+    def _resolve(self, scope: str, kind: str) -> ScopeConfig:
         sources = {
             "concurrency": "default",
             "delay": "default" if self.autothrottle is None else AUTOTHROTTLE_SOURCE,

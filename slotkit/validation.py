@@ -77,9 +77,20 @@ def parse_jitter(where: str, value: object) -> Jitter:
         high = _number(f"{where}[1]", value[1], minimum=-1.0)
         if low > high:
             raise SettingsError(f"{where} must have low <= high (got {value!r})")
-        return (low, high)
-    magnitude = _number(where, value)
+        return (low, _at_most(f"{where}[1]", high))
+    magnitude = _at_most(where, _number(where, value))
     return (-magnitude, magnitude)
+
+
+#: The largest jitter accepted (a delay times 1 + 100): beyond it the factor is
+#: no longer a variation, and near float's limits it would overflow to inf/NaN.
+MAX_JITTER = 100.0
+
+
+def _at_most(where: str, jitter: float) -> float:
+    if jitter > MAX_JITTER:
+        raise SettingsError(f"{where} must be at most {MAX_JITTER:g} (got {jitter!r})")
+    return jitter
 
 
 def unknown_key(where: str, key: object, accepted: frozenset[str]) -> SettingsError:
