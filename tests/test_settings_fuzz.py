@@ -19,13 +19,13 @@ come from a fixed list, never from random text, so no arbitrary module is
 imported. ``AUTOTHROTTLE_*`` are Scrapy's own settings: only the switch is
 fuzzed (it changes how ``DOWNLOAD_DELAY`` is read), with valid values.
 
-Bugs found so far (all fixed) are pinned as regression tests at the end of this file,
-and :data:`KNOWN_BUGS` recognises each one (by exception type and the
-slotkit line it escaped from), so the fuzz rejects those examples and keeps
-looking for new ones. When a fix lands, its pinned test XPASSes (strict:
-the suite fails) as a reminder to delete its ``KNOWN_BUGS`` entry (all
-seven found so far are fixed). Longer
-run::
+Every bug found so far (eight, all fixed) is pinned as a regression test at
+the end of this file. While a new one is open, it gets a strict xfail test
+there and a :data:`KNOWN_BUGS` entry that recognises it (by exception type
+and the slotkit line it escaped from, or :class:`NotANumber`), so the fuzz
+rejects those examples and keeps looking for others; when the fix lands,
+the pinned test XPASSes (strict: the suite fails) as a reminder to drop the
+marker and the entry. Longer run::
 
     HYPOTHESIS_PROFILE=long /work/venv/bin/python -m pytest \\
         tests/test_settings_fuzz.py -q --timeout=0
@@ -34,6 +34,7 @@ run::
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import time
 import traceback
@@ -339,10 +340,15 @@ def scrapy_settings(values: dict[str, Any]) -> Settings:
         raise  # unreachable
 
 
-#: Bugs already reported, each pinned below: name -> test on (exception, last slotkit frame).
-KNOWN_BUGS: dict[str, Callable[[BaseException, traceback.FrameSummary], bool]] = {
+class NotANumber(AssertionError):
+    """A scope manager answered NaN (``wait > 0`` is False for it: the gate would not wait)."""
+
+
+#: Bugs already reported, each pinned below: name -> test on (exception, last slotkit
+#: frame, None when it was raised outside slotkit). A new one goes here until its fix lands.
+KNOWN_BUGS: dict[str, Callable[[BaseException, traceback.FrameSummary | None], bool]] = {
     # Empty: every bug the fuzz found is fixed and pinned by a test at the end of this file.
-    # A new one goes here (exception type + slotkit frame) until its fix lands.
+    # Example entry: "NaN wait": lambda exc, frame: isinstance(exc, NotANumber),
 }
 
 
@@ -353,9 +359,8 @@ def known_bug(error: BaseException) -> str | None:
         for frame in traceback.extract_tb(error.__traceback__)
         if "/slotkit/" in frame.filename.replace("\\", "/")
     ]
-    if not frames:
-        return None
-    return next((name for name, test in KNOWN_BUGS.items() if test(error, frames[-1])), None)
+    last = frames[-1] if frames else None
+    return next((name for name, test in KNOWN_BUGS.items() if test(error, last)), None)
 
 
 @contextlib.contextmanager
@@ -378,17 +383,23 @@ def check_refusal(error: SettingsError, values: dict[str, Any]) -> None:
     assert named, f"SettingsError names none of {sorted(values)}: {message}"
 
 
+def check_wait(wait: float) -> None:
+    """A wait is a number >= 0 (math.inf included), never NaN."""
+    if math.isnan(wait):
+        raise NotANumber("can_send() answered NaN")
+    assert wait >= 0, wait
+
+
 def exercise(manager: Any, now: float = NOW) -> None:
     """One request's worth of calls, a backoff step and a hold; answers must be sane."""
-    wait = manager.can_send(now, None)
-    assert wait >= 0, wait  # False for NaN too
+    check_wait(manager.can_send(now, None))
     manager.record_sent(now, None)
+    check_wait(manager.can_send(now + 0.25, None))
     manager.record_done(now + 0.5)
     manager.record_backoff(None, now + 0.5)
     manager.record_backoff(2.0, now + 0.5)
     for later in (now + 0.5, now + 1.0, now + 3600.0, now + 86400.0 * 30):
-        wait = manager.can_send(later, 1.0)
-        assert wait >= 0, wait
+        check_wait(manager.can_send(later, 1.0))
     manager.is_idle(now + 86400.0 * 30, 3600.0)
 
 
@@ -543,4 +554,22 @@ def test_tiny_backoff_window_with_rampup_does_not_hang() -> None:
     result = outcome(
         {"BACKOFF_WINDOW": 1e-9, "THROTTLING_SCOPES": {"api": {"rampup": True}}}, round_trip=True
     )
+    assert result == "ok" or result.startswith("SettingsError"), result
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({"BACKOFF_JITTER": 8.98846567431158e307}, id="BACKOFF_JITTER"),
+        pytest.param({"DOWNLOAD_DELAY_JITTER": 1e308}, id="DOWNLOAD_DELAY_JITTER"),
+        pytest.param({"THROTTLING_SCOPES": {"example.com": {"jitter": 1e308}}}, id="scope-jitter"),
+    ],
+)
+def test_huge_jitter_is_refused_or_harmless(values: dict[str, Any]) -> None:
+    """A jitter bound near float max is refused, or at least never makes can_send() NaN.
+
+    1 + uniform(-x, x) overflowed to inf, and a zero delay times inf is NaN,
+    which the gate read as "go now".
+    """
+    result = outcome(values, round_trip=True)
     assert result == "ok" or result.startswith("SettingsError"), result
