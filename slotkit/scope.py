@@ -28,7 +28,7 @@ __all__ = ["ThrottlingScopeManager"]
 
 #: One generator for every scope: a Random() of its own would cost each scope
 #: about 2.5 KB of state, more than the rest of the scope together.
-_SHARED_RNG = random.Random()
+SHARED_RNG = random.Random()
 
 
 @implementer(IThrottlingScopeManager)
@@ -103,7 +103,7 @@ class ThrottlingScopeManager:
         self.last_sent: float | None = None
         self.last_done: float | None = None
         self.hold_until = -math.inf
-        self._rng: Uniform = rng if rng is not None else _SHARED_RNG
+        self._rng: Uniform = rng if rng is not None else SHARED_RNG
         self._factor = 1.0  # jitter factor drawn at the last dispatch
         self.backoff = backoff if backoff is not None else BackoffConfig()
         #: The backoff delay, or ``None`` when the scope is not backing off.

@@ -15,14 +15,13 @@ worker, that takes over at 1/N of the shared limits while the store is down.
 from __future__ import annotations
 
 import math
-import random
 from typing import TYPE_CHECKING, Any
 
 from zope.interface import implementer
 
 from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor
-from slotkit.scope import ThrottlingScopeManager, _backoff_from_dict
+from slotkit.scope import SHARED_RNG, ThrottlingScopeManager, _backoff_from_dict
 from slotkit.validation import NO_JITTER, parse_jitter
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ class SharedScopeManager:
         self.backoff = backoff if backoff is not None else ThrottlingScopeManager(1).backoff
         #: robots.txt Crawl-delay this worker knows for the scope (0: none).
         self.crawl_delay = 0.0
-        self._rng: Uniform = rng if rng is not None else random.Random()
+        self._rng: Uniform = rng if rng is not None else SHARED_RNG
         self.active = 0
         self.hold_until = -math.inf
         self.last_sent: float | None = None
