@@ -4,7 +4,9 @@ Invoked by :mod:`benchmarks.cli` as ``python -m benchmarks._child SPEC``,
 where ``SPEC`` is a JSON object with these keys:
 
 ``kind``
-    ``"throughput"`` or ``"delay"``.
+    ``"throughput"``, ``"delay"``, or ``"timer"``: no crawl, just a chain of
+    plain ``reactor.callLater(delay)`` calls on the reactor Scrapy installs,
+    whose lateness is the floor any downloader's delay precision sits on.
 ``downloader``
     Import path for the ``DOWNLOADER`` setting.
 ``requests``, ``hosts``
@@ -31,11 +33,14 @@ from typing import Any
 from scrapy import Request, Spider, signals
 from scrapy.crawler import AsyncCrawlerProcess, Crawler
 from scrapy.http import Response
+from scrapy.utils.reactor import install_reactor
 
 import slotkit.testing as slotkit_testing
 from benchmarks._shared import RESULT_PREFIX
 from benchmarks.stats import median, percentile
 from slotkit.testing import get_recorder
+
+DEFAULT_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 
 IN_MEMORY = "slotkit.testing.InMemoryDownloadHandler"
 
@@ -116,8 +121,44 @@ def _delay_analysis(times: list[float], delay: float) -> dict[str, Any]:
     }
 
 
+def run_timer(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time ``requests`` chained ``callLater(delay)`` calls on Scrapy's default reactor.
+
+    The "gap" between two calls is measured the way the delay benchmark
+    measures dispatches, so its overshoot is directly comparable: whatever
+    a downloader adds on top of it is the downloader's own.
+    """
+    install_reactor(DEFAULT_REACTOR)
+    from twisted.internet import reactor
+
+    delay = float(spec["settings"]["DOWNLOAD_DELAY"])
+    clock: Any = reactor
+    times: list[float] = []
+
+    def tick() -> None:
+        times.append(clock.seconds())
+        if len(times) >= spec["requests"]:
+            clock.stop()
+        else:
+            clock.callLater(delay, tick)
+
+    clock.callWhenRunning(tick)
+    clock.run(installSignalHandlers=False)
+    result: dict[str, Any] = {
+        "kind": "timer",
+        "downloader": "reactor",
+        "requests": spec["requests"],
+        "delay_s": delay,
+        "problems": [],
+    }
+    result.update(_delay_analysis(times, delay))
+    return result
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the crawl described by *spec* and return its measurements."""
+    if spec["kind"] == "timer":
+        return run_timer(spec)
     settings = {**BASE_SETTINGS, "DOWNLOADER": spec["downloader"], **spec["settings"]}
     process = AsyncCrawlerProcess(settings)
     crawler: Crawler = process.create_crawler(BenchSpider)
