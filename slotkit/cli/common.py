@@ -1,0 +1,137 @@
+"""What the subcommands share: exit statuses, :class:`CommandError`, and the
+``-s NAME=VALUE`` / ``--settings-module`` handling that builds Scrapy settings
+(with "did you mean" warnings and where each setting came from)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scrapy.settings import Settings
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CommandError(Exception):
+    """A problem the user can fix; printed as ``error: <message>``, exit status 2."""
+
+
+# --------------------------------------------------------------------------- settings
+
+
+#: Settings slotkit reads on top of Scrapy's own (for the "did you mean" check of ``-s``).
+SLOTKIT_SETTINGS = frozenset(
+    {
+        "BACKOFF_DELAY_FACTOR",
+        "BACKOFF_EXCEPTIONS",
+        "BACKOFF_HTTP_CODES",
+        "BACKOFF_JITTER",
+        "BACKOFF_MAX_DELAY",
+        "BACKOFF_MIN_DELAY",
+        "BACKOFF_RESEND",
+        "BACKOFF_RESEND_TIMEOUT",
+        "BACKOFF_WINDOW",
+        "DELAYED_REQUESTS_WARN_THRESHOLD",
+        "RAMPUP_BACKOFF_TARGET",
+        "THROTTLING_DEBUG",
+        "THROTTLING_MANAGER",
+        "THROTTLING_ROBOTSTXT_MAX_DELAY",
+        "THROTTLING_ROBOTSTXT_OBEY",
+        "THROTTLING_SCOPES",
+        "THROTTLING_SCOPE_CONCURRENCY",
+        "THROTTLING_SCOPE_LIMIT",
+        "THROTTLING_SCOPE_MANAGER",
+        "THROTTLING_SCOPE_MAX_IDLE",
+        "THROTTLING_STATS_INTERVAL",
+        "THROTTLING_WINDOW",
+    }
+)
+
+
+def _known_settings() -> frozenset[str]:
+    from scrapy.settings import default_settings
+
+    return SLOTKIT_SETTINGS | {name for name in vars(default_settings) if name.isupper()}
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """Parse one ``-s NAME=VALUE``.
+
+    Like ``scrapy crawl -s``, values stay strings (Scrapy's ``getint``,
+    ``getbool`` ... convert them when read), except that a value starting
+    with ``{`` or ``[`` is read as JSON, so dicts and lists such as
+    ``THROTTLING_SCOPES`` can be given.
+    """
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise CommandError(f"-s expects NAME=VALUE (got {text!r})")
+    if value.lstrip().startswith(("{", "[")):
+        try:
+            return name, json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"-s {name}: the value is not valid JSON ({exc}): {value}") from None
+    return name, value
+
+
+def _setting_warnings(names: Sequence[str]) -> list[str]:
+    known = _known_settings()
+    warnings = []
+    for name in names:
+        if name in known:
+            continue
+        match = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        hint = f"; did you mean {match[0]}?" if match else ""
+        warnings.append(f"-s {name}: not a setting Scrapy or slotkit knows{hint}")
+    return warnings
+
+
+def build_settings(
+    settings_module: str | None = None, overrides: Sequence[tuple[str, Any]] = ()
+) -> Settings:
+    """Scrapy's defaults, then *settings_module* (project priority), then *overrides* (cmdline)."""
+    from scrapy.settings import Settings
+
+    settings = Settings()
+    if settings_module:
+        # Import like Scrapy does for a project: from the current directory.
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(settings_module)
+        except ImportError as exc:
+            raise CommandError(
+                f"--settings-module {settings_module!r} cannot be imported: {exc}"
+            ) from None
+        settings.setmodule(module, priority="project")
+    for name, value in overrides:
+        settings.set(name, value, priority="cmdline")
+    return settings
+
+
+_PRIORITY_NAMES = {
+    0: "default",
+    10: "command default",
+    15: "add-on",
+    20: "project settings",
+    30: "spider settings",
+    40: "-s on the command line",
+}
+
+
+def _origin(settings: Settings, name: str) -> str:
+    """Who set *name*: a Scrapy or slotkit default, the project, an add-on, ``-s`` ..."""
+    priority = settings.getpriority(name)
+    if priority is None:
+        return "slotkit default"
+    if priority == 0:
+        return "Scrapy default"
+    return _PRIORITY_NAMES.get(priority, f"priority {priority}")

@@ -1,0 +1,170 @@
+""":func:`explain`: the scopes a request would belong to, from the throttling
+manager a crawl would build, and the crawl-wide values."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from slotkit.cli.common import CommandError, _origin
+from slotkit.cli.explanation import NOTE_PROVIDERS, ExplainContext, Explanation, Value
+from slotkit.cli.formatting import _class_path, _seconds
+from slotkit.cli.sources import _explain_scope
+
+if TYPE_CHECKING:
+    from scrapy.settings import Settings
+
+# --------------------------------------------------------------------------- explain: scopes
+
+
+def _run_now(value: Any, where: str) -> tuple[Any, str | None]:
+    """Resolve *value* if it needs no event loop; else ``(None, why not)``.
+
+    Plain scope values are returned as they are (slotkit's default manager
+    returns values that are awaitable too). A coroutine or other awaitable is
+    stepped once: ``async def get_scopes`` methods that await nothing slow
+    (the usual case) finish right there.
+    """
+    from twisted.internet.defer import Deferred
+    from twisted.python.failure import Failure
+
+    if value is None or isinstance(value, (str, Mapping, list, tuple, set, frozenset)):
+        return value, None
+    if isinstance(value, Deferred):
+        results: list[Any] = []
+        value.addBoth(results.append)
+        if not results:
+            return None, f"{where} returned a Deferred that did not fire at once"
+        result = results[0]
+        if isinstance(result, Failure):
+            result.raiseException()
+        return result, None
+    if inspect.iscoroutine(value):
+        try:
+            value.send(None)
+        except StopIteration as stop:
+            return stop.value, None
+        value.close()
+        return None, f"{where} is async and waits for I/O"
+    if inspect.isawaitable(value):
+        steps = value.__await__()
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value, None
+        return None, f"{where} returned an awaitable that needs an event loop"
+    return value, None
+
+
+def _build_crawler(settings: Settings) -> Any:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+
+    class ExplainSpider(Spider):
+        name = "slotkit-explain"
+
+    crawler = Crawler(ExplainSpider, settings)
+    if crawler.settings.getdict("ADDONS"):
+        crawler.addons.load_settings(crawler.settings)
+    return crawler
+
+
+def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None) -> Explanation:
+    """Explain how slotkit would throttle a request for *url* under *settings*.
+
+    Raises :class:`~slotkit.SettingsError` for a bad setting and
+    :class:`CommandError` for a bad URL or an unusable throttling manager.
+    """
+    from scrapy import Request
+
+    from slotkit.manager import (
+        AUTO_SLOT,
+        DOWNLOAD_SLOT,
+        ThrottlingManager,
+        build_manager,
+        normalize_scopes,
+        scope_kind,
+    )
+    from slotkit.settings import DOMAIN, SettingsError, ThrottlingSettings
+    from slotkit.status import DEFAULT_INTERVAL
+    from slotkit.validation import _number
+
+    try:
+        request = Request(url, meta=dict(meta or {}))
+    except (TypeError, ValueError) as exc:
+        raise CommandError(f"cannot build a request for {url!r}: {exc}") from None
+    crawler = _build_crawler(settings)
+    settings = crawler.settings
+    config = ThrottlingSettings.from_settings(settings)
+    stats_interval = _number(
+        "THROTTLING_STATS_INTERVAL", settings.get("THROTTLING_STATS_INTERVAL", DEFAULT_INTERVAL)
+    )
+    try:
+        manager = build_manager(crawler, config.manager)
+    except SettingsError:
+        raise
+    except Exception as exc:
+        raise CommandError(
+            f"THROTTLING_MANAGER {_class_path(config.manager)} could not be built: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    manager_name = _class_path(getattr(manager, "inner", manager).__class__)
+    manager_source = (
+        "slotkit default"
+        if config.manager is None
+        else (f"THROTTLING_MANAGER ({_origin(settings, 'THROTTLING_MANAGER')})")
+    )
+    manager_note = None
+    where = f"{manager_name}.get_scopes()"
+    try:
+        raw, why_not = _run_now(manager.get_scopes(request), where)
+    except Exception as exc:
+        raise CommandError(f"{where} raised {type(exc).__name__}: {exc}") from None
+    if why_not is not None:
+        manager_note = f"{why_not}; showing the default scopes (ThrottlingManager) instead"
+        raw = ThrottlingManager(crawler).get_scopes(request)
+    try:
+        scopes = normalize_scopes(raw, where=where)
+    except TypeError as exc:
+        raise CommandError(str(exc)) from None
+
+    context = ExplainContext(settings, config)
+    slot = request.meta.get(DOWNLOAD_SLOT)
+    user_slot = str(slot) if slot is not None and slot != request.meta.get(AUTO_SLOT) else None
+    explained = []
+    for index, (scope_id, amount) in enumerate(scopes.items()):
+        # Mirror the downloader: DOWNLOAD_SLOTS keys and a user's download_slot are domain-like.
+        kind = DOMAIN if scope_id in config.slots or scope_id == user_slot else scope_kind(scope_id)
+        explained.append(_explain_scope(context, scope_id, kind, index == 0, amount))
+
+    crawl = {
+        "manager": Value(manager_name, manager_name, manager_source),
+        "CONCURRENT_REQUESTS": Value(
+            config.total_concurrency,
+            f"{config.total_concurrency} (0: no cap)"
+            if not config.total_concurrency
+            else f"{config.total_concurrency} (caps every scope)",
+            _origin(settings, "CONCURRENT_REQUESTS"),
+        ),
+        "BACKOFF_RESEND": Value(
+            config.resend,
+            f"{'on' if config.resend else 'off'}, for up to {_seconds(config.resend_timeout)}",
+            _origin(settings, "BACKOFF_RESEND"),
+        ),
+        "THROTTLING_SCOPE_LIMIT": Value(
+            config.scope_limit, str(config.scope_limit), _origin(settings, "THROTTLING_SCOPE_LIMIT")
+        ),
+        "THROTTLING_SCOPE_MAX_IDLE": Value(
+            config.scope_max_idle,
+            _seconds(config.scope_max_idle),
+            _origin(settings, "THROTTLING_SCOPE_MAX_IDLE"),
+        ),
+        "THROTTLING_STATS_INTERVAL": Value(
+            stats_interval,
+            _seconds(stats_interval) if stats_interval else "off",
+            _origin(settings, "THROTTLING_STATS_INTERVAL"),
+        ),
+    }
+    notes = [note for provider in NOTE_PROVIDERS for note in provider(context)]
+    return Explanation(url, manager_name, manager_note, explained, crawl, notes)

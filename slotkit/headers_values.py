@@ -1,0 +1,182 @@
+"""Scalar parsers for rate-limit header values (part of :mod:`slotkit.headers`).
+
+Decoding one header value, tolerant non-negative numbers, RFC 9110
+delta-seconds and HTTP-dates. Like the rest of the parser, nothing here reads
+a clock or raises on bad input.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime
+import math
+import re
+
+#: Largest number of seconds accepted as a delay or reset (about 31.7 years).
+#: Reset numbers at or above it in the separate reset fields are epoch times.
+MAX_DELTA_SECONDS = 10**9
+
+#: Header values longer than this (in characters) are ignored as garbage.
+MAX_VALUE_LENGTH = 4096
+
+# Longest run of characters accepted for one number; keeps float/int
+# conversion cheap and far away from Python's int-string digit limit.
+_MAX_NUMBER_CHARS = 32
+
+_OWS = " \t"
+
+_INTEGER_RE = re.compile(r"[0-9]+", re.ASCII)
+_DECIMAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
+
+_MONTH_ALT = "jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec"
+_MONTHS = {name: index for index, name in enumerate(_MONTH_ALT.split("|"), start=1)}
+_DAY_ALT = "mon|tue|wed|thu|fri|sat|sun"
+_LONG_DAY_ALT = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+_TIME = r"([0-9]{2}):([0-9]{2}):([0-9]{2})"
+_FLAGS = re.ASCII | re.IGNORECASE
+
+# IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT" (weekday tolerated missing).
+_IMF_RE = re.compile(
+    rf"(?:(?:{_DAY_ALT})[ \t]*,[ \t]*)?([0-9]{{1,2}})[ \t]+({_MONTH_ALT})[ \t]+"
+    rf"([0-9]{{4}})[ \t]+{_TIME}[ \t]+(?:GMT|UTC)",
+    _FLAGS,
+)
+# RFC 850: "Sunday, 06-Nov-94 08:49:37 GMT" (short weekday and a four-digit
+# year tolerated, as in many cookie dates).
+_RFC850_RE = re.compile(
+    rf"(?:{_LONG_DAY_ALT}|{_DAY_ALT})[ \t]*,[ \t]*([0-9]{{1,2}})-({_MONTH_ALT})-"
+    rf"([0-9]{{2}}|[0-9]{{4}})[ \t]+{_TIME}[ \t]+(?:GMT|UTC)",
+    _FLAGS,
+)
+# asctime: "Sun Nov  6 08:49:37 1994".
+_ASCTIME_RE = re.compile(
+    rf"(?:{_DAY_ALT})[ \t]+({_MONTH_ALT})[ \t]+([0-9]{{1,2}})[ \t]+{_TIME}"
+    rf"[ \t]+([0-9]{{4}})",
+    _FLAGS,
+)
+
+# Naive on purpose: all arithmetic here is in UTC and never involves a clock.
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+# --------------------------------------------------------------------------
+# Scalar helpers
+
+
+def _to_text(value: object) -> str | None:
+    """Decode one header value; ``None`` for unusable types or huge values."""
+    text: str
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        if len(raw) > MAX_VALUE_LENGTH:
+            return None
+        # Latin-1 maps every byte to a character, so it cannot fail; anything
+        # outside ASCII is then rejected by the ASCII-only grammars below.
+        text = raw.decode("latin-1")
+    elif isinstance(value, bool):
+        return None
+    elif isinstance(value, (int, float)):
+        if isinstance(value, int) and abs(value) >= 10**_MAX_NUMBER_CHARS:
+            return None
+        text = repr(value)
+    else:
+        return None
+    if len(text) > MAX_VALUE_LENGTH:
+        return None
+    return text.strip(_OWS)
+
+
+def _finite_in_range(number: float, maximum: float) -> float | None:
+    if math.isfinite(number) and 0 <= number <= maximum:
+        return number
+    return None
+
+
+def _parse_number(text: str, *, fractions: bool = True, maximum: float = math.inf) -> float | None:
+    """A non-negative ASCII integer or decimal, or ``None``."""
+    text = text.strip(_OWS)
+    if not text or len(text) > _MAX_NUMBER_CHARS:
+        return None
+    pattern = _DECIMAL_RE if fractions else _INTEGER_RE
+    if pattern.fullmatch(text) is None:
+        return None
+    return _finite_in_range(float(text), maximum)
+
+
+def parse_delta_seconds(value: str | bytes) -> float | None:
+    """Parse RFC 9110 delta-seconds (``1*DIGIT``) as a positive delay.
+
+    Returns ``None`` for zero, negatives, fractions, values above
+    ``MAX_DELTA_SECONDS`` and anything that is not a plain ASCII integer.
+    """
+    text = _to_text(value)
+    if text is None:
+        return None
+    number = _parse_number(text, fractions=False, maximum=MAX_DELTA_SECONDS)
+    if number is None or number <= 0:
+        return None
+    return number
+
+
+def _four_digit_year(two_digits: int, now: float) -> int | None:
+    """RFC 9110 rule for RFC 850 years: never more than 50 years ahead."""
+    try:
+        current = (_EPOCH + datetime.timedelta(seconds=now)).year
+    except (OverflowError, ValueError):  # NaN, infinities, out of range
+        return None
+    year = (current // 100) * 100 + two_digits
+    if year > current + 50:
+        year -= 100
+    return year
+
+
+def _timestamp(
+    year: int, month: int, day: int, hour: int, minute: int, second: int
+) -> float | None:
+    if not 1 <= month <= 12 or year < 1:
+        return None
+    if not 1 <= day <= calendar.monthrange(year, month)[1]:
+        return None
+    # RFC 9110 allows second 60 for leap seconds.
+    if hour > 23 or minute > 59 or second > 60:
+        return None
+    return float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
+
+
+def parse_http_date(value: str | bytes, *, now: float) -> float | None:
+    """Parse an HTTP-date into seconds since the epoch, or ``None``.
+
+    Accepts IMF-fixdate, the obsolete RFC 850 form and asctime. ``now`` is
+    only used to place the two-digit years of RFC 850 dates.
+    """
+    text = _to_text(value)
+    if not text:
+        return None
+    match = _IMF_RE.fullmatch(text)
+    if match is not None:
+        day, month, year, hour, minute, second = match.groups()
+        year_number: int | None = int(year)
+    else:
+        match = _RFC850_RE.fullmatch(text)
+        if match is not None:
+            day, month, year, hour, minute, second = match.groups()
+            two_digit = len(year) == 2
+            year_number = _four_digit_year(int(year), now) if two_digit else int(year)
+        else:
+            match = _ASCTIME_RE.fullmatch(text)
+            if match is None:
+                return None
+            month, day, hour, minute, second, year = match.groups()
+            year_number = int(year)
+    if year_number is None:
+        return None
+    return _timestamp(
+        year_number,
+        _MONTHS[month.lower()],
+        int(day),
+        int(hour),
+        int(minute),
+        int(second),
+    )
