@@ -8,14 +8,8 @@ group requests differently; the helpers :func:`scope_cache`,
 
 from __future__ import annotations
 
-import functools
-import inspect
-import ipaddress
-import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from weakref import WeakKeyDictionary
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy.utils.httpobj import urlparse_cached
 from zope.interface import implementer
@@ -26,7 +20,16 @@ from slotkit.domains import registrable_domain
 from slotkit.feedback import current_request
 from slotkit.headers import RateLimitHint, parse_rate_limit_headers
 from slotkit.interfaces import IThrottlingManager
-from slotkit.settings import CUSTOM, DOMAIN, IP
+from slotkit.outcomes import Backoff, ScopeBackoff, update_scope_backoff
+from slotkit.scope_ids import (
+    AUTO_SLOT,
+    DOWNLOAD_SLOT,
+    Scopes,
+    add_scope,
+    normalize_scopes,
+    scope_cache,
+    scope_kind,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -46,196 +49,8 @@ __all__ = [
     "update_scope_backoff",
 ]
 
-#: What ``get_scopes`` may return: nothing, one id, several ids, or ids with quota amounts.
-Scopes = None | str | Iterable[str] | Mapping[str, float | None]
-
-#: The meta key of Scrapy's download slot, still honoured.
-DOWNLOAD_SLOT = "download_slot"
-#: Where slotkit records the slot key it wrote into ``download_slot`` itself, so
-#: that a redirect to another host is not pinned to the old host's scope.
-AUTO_SLOT = "_slotkit_auto_slot"
-
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_-]{1,63})*\.?$", re.I)
-
-
-def scope_kind(scope_id: str) -> str:
-    """Guess the kind of a scope from its id: an IP address, a host name, or custom.
-
-    Kinds only choose the default concurrency (``CONCURRENT_REQUESTS_PER_IP``,
-    ``CONCURRENT_REQUESTS_PER_DOMAIN`` or ``THROTTLING_SCOPE_CONCURRENCY``).
-    A host name has a dot or is ``localhost``; ``api`` or
-    ``api.example/endpoint`` are custom scopes.
-    """
-    try:
-        ipaddress.ip_address(scope_id.strip("[]"))
-    except ValueError:
-        pass
-    else:
-        return IP
-    if scope_id == "localhost" or ("." in scope_id and _HOSTNAME.match(scope_id)):
-        return DOMAIN
-    return CUSTOM
-
-
-def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str, float | None]:
-    """Turn any accepted scopes value into ``{scope id: quota amount or None}``.
-
-    Order is kept (the first scope is the request's primary scope, the one
-    reported as its ``download_slot``). Bad values raise :class:`TypeError`
-    naming *where* they came from.
-    """
-    if scopes is None:
-        return {}
-    if isinstance(scopes, str):
-        return {scopes: None}
-    if isinstance(scopes, Mapping):
-        result: dict[str, float | None] = {}
-        for key, amount in scopes.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{where} returned a non-string scope id {key!r}")
-            if amount is not None and (
-                isinstance(amount, bool) or not isinstance(amount, (int, float))
-            ):
-                raise TypeError(
-                    f"{where} gave scope {key!r} the amount {amount!r}; expected a number"
-                )
-            result[key] = None if amount is None else float(amount)
-        return result
-    if isinstance(scopes, Iterable):
-        result = {}
-        for key in scopes:
-            if not isinstance(key, str):
-                raise TypeError(f"{where} returned a non-string scope id {key!r}")
-            result[key] = None
-        return result
-    raise TypeError(
-        f"{where} must return None, a scope id, an iterable of ids or a dict of id -> amount "
-        f"(got {scopes!r})"
-    )
-
-
-def add_scope(scopes: Scopes, scope: str, amount: float | None = None) -> Scopes:
-    """Return *scopes* with *scope* added (with a quota *amount* if given).
-
-    Accepts and returns every form ``get_scopes`` may return; the input is
-    never modified. A dict is returned when either side carries amounts.
-    """
-    current = normalize_scopes(scopes, where="add_scope()")
-    if amount is None and all(value is None for value in current.values()):
-        return [*current, scope] if scope not in current else list(current)
-    current[scope] = None if amount is None else float(amount)
-    return current
-
-
-_M = TypeVar("_M")
-_R = TypeVar("_R")
-
-
-def scope_cache(
-    method: Callable[[_M, Request], Awaitable[_R] | _R],
-) -> Callable[[_M, Request], Awaitable[_R] | _R]:
-    """Cache ``get_scopes`` per request object (sync or ``async`` methods alike).
-
-    The scopes of a request are asked for once per trip through the
-    downloader; the cache makes repeated calls (from a priority queue, say)
-    free. A retried or redirected request is a new object and is asked again.
-    """
-    cache: WeakKeyDictionary[Request, Any] = WeakKeyDictionary()
-
-    if inspect.iscoroutinefunction(method):
-        # Stay a coroutine function, so callers can tell it must be awaited.
-        @functools.wraps(method)
-        async def async_wrapper(self: _M, request: Request) -> Any:
-            try:
-                return cache[request]
-            except KeyError:
-                pass
-            value = await method(self, request)
-            cache[request] = value
-            return value
-
-        return async_wrapper
-
-    @functools.wraps(method)
-    def wrapper(self: _M, request: Request) -> Awaitable[_R] | _R:
-        try:
-            return cache[request]  # type: ignore[no-any-return]
-        except KeyError:
-            pass
-        result = method(self, request)
-        if isinstance(result, Awaitable):
-            return _cache_awaited(cache, request, result)
-        cache[request] = result
-        return result
-
-    return wrapper
-
-
-async def _cache_awaited(
-    cache: WeakKeyDictionary[Any, Any], request: Any, pending: Awaitable[Any]
-) -> Any:
-    value = await pending
-    cache[request] = _Ready(value)
-    return value
-
-
-class _Ready:
-    """An awaitable that yields an already known value, any number of times."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __await__(self) -> Any:
-        return self.value
-        yield  # pragma: no cover - makes this a generator
-
-
-@dataclass(frozen=True, slots=True)
-class ScopeBackoff:
-    """What one outcome says about one scope.
-
-    ``trigger``: slow the scope down one backoff step. ``delay``: hold it at
-    least this many seconds (a server hint). ``consumed`` / ``remaining``:
-    correct its quota bookkeeping.
-    """
-
-    trigger: bool = False
-    delay: float | None = None
-    consumed: float | None = None
-    remaining: float | None = None
-
-
+#: An outcome that says nothing about a scope; such records are left out.
 _NOTHING = ScopeBackoff()
-
-#: What ``get_response_backoff`` returns: ``None`` or scope id -> :class:`ScopeBackoff`.
-Backoff = Mapping[str, ScopeBackoff] | None
-
-
-def update_scope_backoff(
-    backoff: Backoff,
-    scope: str,
-    *,
-    trigger: bool | None = None,
-    delay: float | None = None,
-    consumed: float | None = None,
-    remaining: float | None = None,
-) -> dict[str, ScopeBackoff]:
-    """Return *backoff* with the record of *scope* updated; the input is not modified."""
-    result = dict(backoff or {})
-    record = result.get(scope, ScopeBackoff())
-    changes: dict[str, Any] = {}
-    if trigger is not None:
-        changes["trigger"] = trigger
-    if delay is not None:
-        changes["delay"] = delay
-    if consumed is not None:
-        changes["consumed"] = (record.consumed or 0.0) + consumed
-    if remaining is not None:
-        changes["remaining"] = remaining
-    result[scope] = replace(record, **changes)
-    return result
 
 
 class _ScopeController(Protocol):
@@ -387,52 +202,8 @@ def _request_of(response: Response) -> Request | None:
     return current_request.get() or getattr(response, "request", None)
 
 
-class _DuckManager(ThrottlingManager):
-    """Adapts a user class that only defines ``get_scopes`` or ``get_request_scopes``."""
-
-    def __init__(self, crawler: Crawler, inner: Any) -> None:
-        super().__init__(crawler)
-        self.inner = inner
-        self._method = getattr(inner, "get_scopes", None) or inner.get_request_scopes
-
-    def get_scopes(self, request: Request) -> Scopes:
-        return self._method(request)  # type: ignore[no-any-return]
-
-
 def build_manager(crawler: Crawler, cls: type | None) -> Any:
-    """Instantiate ``THROTTLING_MANAGER``, adapting duck-typed classes, refusing others."""
-    from scrapy.utils.misc import build_from_crawler
+    """Instantiate ``THROTTLING_MANAGER`` (see :mod:`slotkit.manager_loading`)."""
+    from slotkit.manager_loading import build_manager as build
 
-    from slotkit.settings import SettingsError
-
-    if cls is None:
-        return ThrottlingManager(crawler)
-    if isinstance(cls, type) and issubclass(cls, ThrottlingManager):
-        return build_from_crawler(cls, crawler)
-    has_scopes = callable(getattr(cls, "get_scopes", None)) or callable(
-        getattr(cls, "get_request_scopes", None)
-    )
-    if not has_scopes:
-        raise SettingsError(
-            f"THROTTLING_MANAGER {cls.__module__}.{cls.__qualname__} does not provide "
-            "slotkit.interfaces.IThrottlingManager: it needs at least a get_scopes(request) "
-            "method (subclass slotkit.ThrottlingManager to inherit the rest)"
-        )
-    instance = (
-        build_from_crawler(cls, crawler)
-        if hasattr(cls, "from_crawler")
-        else _instantiate(cls, crawler)
-    )
-    if IThrottlingManager.providedBy(instance) or all(
-        callable(getattr(instance, name, None))
-        for name in ("get_scopes", "get_response_backoff", "get_exception_backoff", "delay_scope")
-    ):
-        return instance
-    return _DuckManager(crawler, instance)
-
-
-def _instantiate(cls: type, crawler: Crawler) -> Any:
-    try:
-        return cls(crawler)
-    except TypeError:
-        return cls()
+    return build(crawler, cls)

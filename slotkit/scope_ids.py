@@ -1,0 +1,177 @@
+"""Scope ids: what ``get_scopes`` may return, and the helpers that build such values.
+
+:func:`normalize_scopes` turns every accepted form into one shape,
+:func:`add_scope` extends any form, :func:`scope_cache` memoizes a
+``get_scopes`` override per request, and :func:`scope_kind` tells a host,
+an IP address and a custom scope apart (the kind picks default limits).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import ipaddress
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+from weakref import WeakKeyDictionary
+
+from slotkit.settings import CUSTOM, DOMAIN, IP
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+__all__ = [
+    "AUTO_SLOT",
+    "DOWNLOAD_SLOT",
+    "Scopes",
+    "add_scope",
+    "normalize_scopes",
+    "scope_cache",
+    "scope_kind",
+]
+
+#: What ``get_scopes`` may return: nothing, one id, several ids, or ids with quota amounts.
+Scopes = None | str | Iterable[str] | Mapping[str, float | None]
+
+#: The meta key of Scrapy's download slot, still honoured.
+DOWNLOAD_SLOT = "download_slot"
+#: Where slotkit records the slot key it wrote into ``download_slot`` itself, so
+#: that a redirect to another host is not pinned to the old host's scope.
+AUTO_SLOT = "_slotkit_auto_slot"
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_-]{1,63})*\.?$", re.I)
+
+
+def scope_kind(scope_id: str) -> str:
+    """Guess the kind of a scope from its id: an IP address, a host name, or custom.
+
+    Kinds only choose the default concurrency (``CONCURRENT_REQUESTS_PER_IP``,
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` or ``THROTTLING_SCOPE_CONCURRENCY``).
+    A host name has a dot or is ``localhost``; ``api`` or
+    ``api.example/endpoint`` are custom scopes.
+    """
+    try:
+        ipaddress.ip_address(scope_id.strip("[]"))
+    except ValueError:
+        pass
+    else:
+        return IP
+    if scope_id == "localhost" or ("." in scope_id and _HOSTNAME.match(scope_id)):
+        return DOMAIN
+    return CUSTOM
+
+
+def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str, float | None]:
+    """Turn any accepted scopes value into ``{scope id: quota amount or None}``.
+
+    Order is kept (the first scope is the request's primary scope, the one
+    reported as its ``download_slot``). Bad values raise :class:`TypeError`
+    naming *where* they came from.
+    """
+    if scopes is None:
+        return {}
+    if isinstance(scopes, str):
+        return {scopes: None}
+    if isinstance(scopes, Mapping):
+        result: dict[str, float | None] = {}
+        for key, amount in scopes.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} returned a non-string scope id {key!r}")
+            if amount is not None and (
+                isinstance(amount, bool) or not isinstance(amount, (int, float))
+            ):
+                raise TypeError(
+                    f"{where} gave scope {key!r} the amount {amount!r}; expected a number"
+                )
+            result[key] = None if amount is None else float(amount)
+        return result
+    if isinstance(scopes, Iterable):
+        result = {}
+        for key in scopes:
+            if not isinstance(key, str):
+                raise TypeError(f"{where} returned a non-string scope id {key!r}")
+            result[key] = None
+        return result
+    raise TypeError(
+        f"{where} must return None, a scope id, an iterable of ids or a dict of id -> amount "
+        f"(got {scopes!r})"
+    )
+
+
+def add_scope(scopes: Scopes, scope: str, amount: float | None = None) -> Scopes:
+    """Return *scopes* with *scope* added (with a quota *amount* if given).
+
+    Accepts and returns every form ``get_scopes`` may return; the input is
+    never modified. A dict is returned when either side carries amounts.
+    """
+    current = normalize_scopes(scopes, where="add_scope()")
+    if amount is None and all(value is None for value in current.values()):
+        return [*current, scope] if scope not in current else list(current)
+    current[scope] = None if amount is None else float(amount)
+    return current
+
+
+_M = TypeVar("_M")
+_R = TypeVar("_R")
+
+
+def scope_cache(
+    method: Callable[[_M, Request], Awaitable[_R] | _R],
+) -> Callable[[_M, Request], Awaitable[_R] | _R]:
+    """Cache ``get_scopes`` per request object (sync or ``async`` methods alike).
+
+    The scopes of a request are asked for once per trip through the
+    downloader; the cache makes repeated calls (from a priority queue, say)
+    free. A retried or redirected request is a new object and is asked again.
+    """
+    cache: WeakKeyDictionary[Request, Any] = WeakKeyDictionary()
+
+    if inspect.iscoroutinefunction(method):
+        # Stay a coroutine function, so callers can tell it must be awaited.
+        @functools.wraps(method)
+        async def async_wrapper(self: _M, request: Request) -> Any:
+            try:
+                return cache[request]
+            except KeyError:
+                pass
+            value = await method(self, request)
+            cache[request] = value
+            return value
+
+        return async_wrapper
+
+    @functools.wraps(method)
+    def wrapper(self: _M, request: Request) -> Awaitable[_R] | _R:
+        try:
+            return cache[request]  # type: ignore[no-any-return]
+        except KeyError:
+            pass
+        result = method(self, request)
+        if isinstance(result, Awaitable):
+            return _cache_awaited(cache, request, result)
+        cache[request] = result
+        return result
+
+    return wrapper
+
+
+async def _cache_awaited(
+    cache: WeakKeyDictionary[Any, Any], request: Any, pending: Awaitable[Any]
+) -> Any:
+    value = await pending
+    cache[request] = _Ready(value)
+    return value
+
+
+class _Ready:
+    """An awaitable that yields an already known value, any number of times."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> Any:
+        return self.value
+        yield  # pragma: no cover - makes this a generator
