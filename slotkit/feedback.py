@@ -126,9 +126,13 @@ class Feedback:
 
         A 429, or an error response that carried a wait hint. Such responses
         are what slotkit re-sends instead of handing on (see :mod:`slotkit.resend`).
+        Only when the outcome made some scope wait, though: a 429 that
+        triggers nothing (``throttling_dont_track``, a cached response, 429
+        left out of ``BACKOFF_HTTP_CODES``) would be re-sent at once, over
+        and over, so it is handed on like any other response.
         """
-        if response.status == RATE_LIMITED:
-            return True
         if response.status < 400 or not backoff:
             return False
+        if response.status == RATE_LIMITED:
+            return any(record.trigger or record.delay for record in backoff.values())
         return any(record.delay is not None for record in backoff.values())

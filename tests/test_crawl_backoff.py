@@ -180,6 +180,31 @@ async def test_dont_track_never_triggers_backoff(mock_site: MockSite) -> None:
     assert "throttling/backoff/steps" not in result.stats
 
 
+@pytest.mark.parametrize(
+    ("meta", "settings"),
+    [
+        pytest.param({"throttling_dont_track": True}, {}, id="dont_track"),
+        pytest.param({}, {"BACKOFF_HTTP_CODES": [503]}, id="429-not-a-trigger"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_429_that_triggers_nothing_goes_to_retry_middleware(
+    mock_site: MockSite, meta: dict[str, Any], settings: dict[str, Any]
+) -> None:
+    """A 429 that makes no scope wait is not re-sent (that would loop at full speed).
+
+    It goes on like any response: RetryMiddleware retries it RETRY_TIMES (2)
+    times, so the server sees exactly 3 requests.
+    """
+    mock_site.set_behaviour(HOST, always(429))
+    urls = [{"url": mock_site.url(HOST, "/page/0"), "meta": meta}]
+    result = await run_crawl(ListSpider, {**SLOTKIT, **settings}, urls=urls)
+    result.assert_no_unhandled_errors()
+    assert mock_site.recorder.count(HOST) == 3
+    assert result.stats["retry/max_reached"] == 1
+    assert "throttling/backoff/resent" not in result.stats
+
+
 class MaintenanceSpider(Spider):
     """Slows the whole host down from a callback, as in the delay_scope recipe."""
 
