@@ -15,6 +15,12 @@ from slotkit.manager import (
     scope_cache,
     update_scope_backoff,
 )
+from slotkit.protocols import (
+    BackoffConfig,
+    ThrottlingManagerProtocol,
+    ThrottlingScopeConfig,
+    ThrottlingScopeManagerProtocol,
+)
 from slotkit.scheduler import ThrottlingAwarePriorityQueue, ThrottlingAwareScheduler
 from slotkit.scope import ThrottlingScopeManager
 from slotkit.settings import ScopeConfig, SettingsError, ThrottlingSettings
@@ -23,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Addon",
+    "BackoffConfig",
     "Downloader",
     "GateClosedError",
     "ScopeBackoff",
@@ -31,7 +38,10 @@ __all__ = [
     "ThrottlingAwarePriorityQueue",
     "ThrottlingAwareScheduler",
     "ThrottlingManager",
+    "ThrottlingManagerProtocol",
+    "ThrottlingScopeConfig",
     "ThrottlingScopeManager",
+    "ThrottlingScopeManagerProtocol",
     "ThrottlingSettings",
     "add_scope",
     "scope_cache",

@@ -42,6 +42,7 @@ from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays, apply_crawl_delay
 from slotkit.scheduler import check_priority_queue
+from slotkit.scope_ids import host_of_netloc
 from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
 from slotkit.settings import DOMAIN, ScopeConfig, ThrottlingSettings
 from slotkit.slots import SlotsView, SlotView, view_of
@@ -318,13 +319,23 @@ class Downloader:
         self._evicted_recoveries += int(getattr(scope.manager, "recoveries", 0))
 
     def hold_scope(self, scope_id: str, seconds: float) -> None:
-        """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped."""
-        scope = self.registry.get(scope_id)
+        """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped.
+
+        A ``host:port`` id (a URL's ``netloc``, as in the spec's recipe) also
+        holds the host's scope: default scopes are host names, like Scrapy's
+        slots, so without this the recipe would hold a scope no request uses.
+        """
+        ids = [scope_id]
+        host = host_of_netloc(scope_id)
+        if host is not None:
+            ids.append(host)
         now = self._clock.seconds()
-        scope.manager.record_backoff(seconds, now)
-        scope.step_started_at = now
+        for held in ids:
+            scope = self.registry.get(held)
+            scope.manager.record_backoff(seconds, now)
+            scope.step_started_at = now
+            self.gate.poke(scope)
         self.stats.inc("backoff/triggers/delay_scope")
-        self.gate.poke(scope)
 
     def _normalized_scopes(self, request: Request, raw: Any) -> dict[str, float | None]:
         scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")

@@ -15,6 +15,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from zope.interface import implementer
 
 from slotkit.awaitables import AwaitableDict, awaitable
+from slotkit.clock import default_clock
 from slotkit.dns import cached_ip
 from slotkit.domains import registrable_domain
 from slotkit.feedback import current_request
@@ -83,6 +84,9 @@ class ThrottlingManager:
         settings = crawler.settings
         self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
         self._registrable = settings.get("THROTTLING_DOMAIN_GROUPING") == "registrable_domain"
+        # One response is judged at a time; keeping its parsed headers lets
+        # get_response_delay() and the quota bookkeeping share one parse.
+        self._last_hint: tuple[Response, RateLimitHint] | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThrottlingManager:
@@ -146,14 +150,16 @@ class ThrottlingManager:
             return AwaitableDict()
         result: dict[str, ScopeBackoff] = {}
         hint: RateLimitHint | None = None
+        wait: float | None = None
         for scope_id in controller.scope_ids(request):
             trigger = controller.backoff_config(scope_id).is_trigger_status(response.status)
             quota = controller.has_quota(scope_id)
             if not (trigger or quota):
                 continue
             if hint is None:  # parsed only when some scope can use it
-                hint = parse_rate_limit_headers(response.headers, now=controller.now())
-            record = ScopeBackoff(trigger=trigger, delay=hint.delay if trigger else None)
+                hint = self._hint(response)
+                wait = self.get_response_delay(response)
+            record = ScopeBackoff(trigger=trigger, delay=wait if trigger else None)
             if quota and hint.remaining is not None:
                 exhausted_wait = hint.delay if hint.remaining == 0 else None
                 record = replace(
@@ -162,6 +168,28 @@ class ThrottlingManager:
             if record != _NOTHING:
                 result[scope_id] = record
         return AwaitableDict(result)
+
+    def get_response_delay(self, response: Response) -> float | None:
+        """Seconds *response* asks the client to wait, or ``None`` if it names none.
+
+        Read from ``Retry-After`` (seconds or an HTTP date), ``RateLimit-Reset``,
+        the ``RateLimit`` field and ``X-RateLimit-Reset``; the largest wins.
+        Values that cannot be used (garbage, negative, a date in the past)
+        count as none. :meth:`get_response_backoff` asks this method, so an
+        override (a custom wait header, say) changes what slotkit honours.
+        """
+        return self._hint(response).delay
+
+    def _hint(self, response: Response) -> RateLimitHint:
+        """The rate-limit headers of *response*, parsed once per response."""
+        cached = self._last_hint
+        if cached is not None and cached[0] is response:
+            return cached[1]
+        # Outside slotkit's downloader there is no controller: read the crawl's clock.
+        now = self._controller.now() if self._controller is not None else default_clock().seconds()
+        hint = parse_rate_limit_headers(response.headers, now=now)
+        self._last_hint = (response, hint)
+        return hint
 
     def get_exception_backoff(self, request: Request, exception: BaseException) -> Backoff:
         """What a download failure says about the request's scopes (empty: nothing).

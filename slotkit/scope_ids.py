@@ -26,6 +26,7 @@ __all__ = [
     "DOWNLOAD_SLOT",
     "Scopes",
     "add_scope",
+    "host_of_netloc",
     "normalize_scopes",
     "scope_cache",
     "scope_kind",
@@ -49,8 +50,12 @@ def scope_kind(scope_id: str) -> str:
     Kinds only choose the default concurrency (``CONCURRENT_REQUESTS_PER_IP``,
     ``CONCURRENT_REQUESTS_PER_DOMAIN`` or ``THROTTLING_SCOPE_CONCURRENCY``).
     A host name has a dot or is ``localhost``; ``api`` or
-    ``api.example/endpoint`` are custom scopes.
+    ``api.example/endpoint`` are custom scopes. A ``host:port`` id (a URL's
+    ``netloc``, as the spec's recipes return) is a site, so a domain scope,
+    whether its host is a name or an address.
     """
+    if host_of_netloc(scope_id) is not None:
+        return DOMAIN
     try:
         ipaddress.ip_address(scope_id.strip("[]"))
     except ValueError:
@@ -60,6 +65,27 @@ def scope_kind(scope_id: str) -> str:
     if scope_id == "localhost" or ("." in scope_id and _HOSTNAME.match(scope_id)):
         return DOMAIN
     return CUSTOM
+
+
+def host_of_netloc(scope_id: str) -> str | None:
+    """The host of a ``host:port`` scope id (``"[::1]:8080"`` gives ``"::1"``), else ``None``.
+
+    Default scopes are host names, as Scrapy's slots are, while a URL's
+    ``netloc`` keeps an explicit port; this tells the two apart.
+    """
+    host, sep, port = scope_id.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        return None  # a bare IPv6 address, not host:port
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost" and not ("." in host and _HOSTNAME.match(host)):
+            return None
+    return host
 
 
 def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str, float | None]:

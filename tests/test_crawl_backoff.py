@@ -10,6 +10,7 @@ import pytest
 import pytest_twisted
 from scrapy import Spider
 
+from slotkit import ThrottlingManager
 from tests.crawl import ListSpider, run_crawl
 from tests.server import MockSite, Reply, always, fail_first, random_failures
 
@@ -223,16 +224,33 @@ class MaintenanceSpider(Spider):
 
     def parse(self, response: Any) -> Any:
         if not self.seen:
-            self.crawler.throttler.delay_scope(HOST, 0.5)
+            self.crawler.throttler.delay_scope(self.scope_of(response), 0.5)
         self.seen.append(response.url)
 
+    def scope_of(self, response: Any) -> str:
+        return HOST
 
+
+class NetlocMaintenanceSpider(MaintenanceSpider):
+    """The spec's recipe as written: the scope is the response's netloc (host:port)."""
+
+    def scope_of(self, response: Any) -> str:
+        from scrapy.utils.httpobj import urlparse_cached
+
+        return urlparse_cached(response).netloc
+
+
+@pytest.mark.parametrize("spider", [MaintenanceSpider, NetlocMaintenanceSpider])
 @pytest_twisted.ensureDeferred
-async def test_delay_scope_holds_a_scope(mock_site: MockSite) -> None:
-    """crawler.throttler.delay_scope() holds every later request of the scope."""
+async def test_delay_scope_holds_a_scope(mock_site: MockSite, spider: type[Spider]) -> None:
+    """crawler.throttler.delay_scope() holds every later request of the scope.
+
+    Named by host, or by ``netloc`` as in the spec's recipe: with a port in
+    it, the host's scope (the default one) is held too.
+    """
     urls = pages(mock_site, HOST, 3)
     settings = {**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
-    await run_crawl(MaintenanceSpider, settings, urls=urls)
+    await run_crawl(spider, settings, urls=urls)
     arrivals = mock_site.recorder.arrivals(HOST)
     assert len(arrivals) == 3
     # The second request was already on its way when the first callback ran.
@@ -257,3 +275,25 @@ async def test_cached_responses_never_trigger_backoff(mock_site: MockSite, tmp_p
     assert mock_site.recorder.count(HOST) == 3  # all three came from the cache
     assert [r.status for r in second.responses] == [503] * 3
     assert "throttling/backoff/steps" not in second.stats
+
+
+class WaitHeaderManager(ThrottlingManager):
+    """Honours a custom wait header by overriding get_response_delay."""
+
+    def get_response_delay(self, response: Any) -> float | None:
+        custom = response.headers.get(b"X-Come-Back-In")
+        if custom is not None:
+            return float(custom)
+        return super().get_response_delay(response)
+
+
+@pytest_twisted.ensureDeferred
+async def test_get_response_delay_override_is_honoured(mock_site: MockSite) -> None:
+    """get_response_backoff asks get_response_delay, so an override sets the hold."""
+    mock_site.set_behaviour(HOST, fail_first(1, 503, {"X-Come-Back-In": "0.6"}))
+    settings = {**SLOTKIT, "THROTTLING_MANAGER": WaitHeaderManager, "BACKOFF_MIN_DELAY": 0.05}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    assert [r.status for r in result.responses] == [200]
+    first, second = mock_site.recorder.arrivals(HOST)
+    assert second - first >= 0.6 - SLACK
+    assert result.stats["throttling/backoff/header_hints"] == 1

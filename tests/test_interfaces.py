@@ -180,3 +180,30 @@ def test_no_scope_manager_class_is_fine():
 def test_interface_docs_promise_inf_means_full():
     """The can_send contract keeps math.inf for 'only a state change frees it'."""
     assert "math.inf" in IThrottlingScopeManager["can_send"].getDoc()
+
+
+def test_shipped_providers_satisfy_the_spec_protocols():
+    """The typing.Protocol names of the spec accept slotkit's defaults and the docs' example."""
+    from slotkit import ThrottlingManagerProtocol, ThrottlingScopeManagerProtocol
+    from tests.test_recipes import recipe
+
+    crawler = get_crawler(Spider)
+    assert isinstance(ThrottlingManager(crawler), ThrottlingManagerProtocol)
+    assert isinstance(
+        ThrottlingScopeManager.from_crawler(crawler, {"delay": 0.0}),
+        ThrottlingScopeManagerProtocol,
+    )
+    example = recipe("fixed_window").FixedWindowScopeManager
+    assert isinstance(example.from_crawler(crawler, {"quota": 3.0}), ThrottlingScopeManagerProtocol)
+
+
+def test_spec_config_types_are_plain_dicts_slotkit_accepts():
+    """ThrottlingScopeConfig / BackoffConfig build the dicts THROTTLING_SCOPES takes."""
+    from scrapy.settings import Settings
+
+    from slotkit import BackoffConfig, ThrottlingScopeConfig, ThrottlingSettings
+
+    entry = ThrottlingScopeConfig(delay=0.5, backoff=BackoffConfig(max_delay=30.0, min_delay=2.0))
+    assert type(entry) is dict
+    config = ThrottlingSettings.from_settings(Settings({"THROTTLING_SCOPES": {"a.example": entry}}))
+    assert config.scope_config("a.example", "domain").delay == 0.5

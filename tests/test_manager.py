@@ -150,6 +150,12 @@ def test_url_without_host_gives_the_empty_scope(crawler):
         ("cost", CUSTOM),
         ("api.toscrape.com/fast-endpoint", CUSTOM),
         ("", CUSTOM),
+        ("127.0.0.1:8080", DOMAIN),  # a netloc is a site, even with an address for a host
+        ("example.com:8443", DOMAIN),
+        ("localhost:6800", DOMAIN),
+        ("[::1]:8080", DOMAIN),
+        ("api:80", CUSTOM),
+        ("example.com:http", CUSTOM),
     ],
 )
 def test_scope_kind(scope: str, kind: str):
