@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.core.scheduler import Scheduler
 from scrapy.pqueues import DownloaderAwarePriorityQueue, ScrapyPriorityQueue
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
 from slotkit.clock import default_clock
@@ -268,6 +269,17 @@ def check_priority_queue(settings: BaseSettings) -> None:
         return  # it swaps Scrapy's queues for its own
     queue = _loaded(settings.get("SCHEDULER_PRIORITY_QUEUE"))
     if isinstance(queue, type) and issubclass(queue, DownloaderAwarePriorityQueue):
+        if settings.getpriority("SCHEDULER_PRIORITY_QUEUE") == SETTINGS_PRIORITIES["default"]:
+            # Nobody chose Scrapy's queue; it is only the default, and it would
+            # refuse to open. Ours balances slots the same way and knows IP scopes.
+            _use_throttling_queue(settings)
+            logger.info(
+                "slotkit: CONCURRENT_REQUESTS_PER_IP = %s; using SCHEDULER_PRIORITY_QUEUE = %r "
+                "(Scrapy's default queue does not support per-IP limits)",
+                per_ip,
+                PRIORITY_QUEUE_PATH,
+            )
+            return
         raise SettingsError(
             f"SCHEDULER_PRIORITY_QUEUE = '{queue.__module__}.{queue.__qualname__}' (Scrapy's "
             f"default) does not support CONCURRENT_REQUESTS_PER_IP (got {per_ip}). With slotkit, "
@@ -275,6 +287,21 @@ def check_priority_queue(settings: BaseSettings) -> None:
             f"{PRIORITY_QUEUE_PATH!r}, which balances slots the same way and supports them "
             "(or enable ADDONS = {'slotkit.Addon': 0}, or set CONCURRENT_REQUESTS_PER_IP = 0)."
         )
+
+
+def _use_throttling_queue(settings: BaseSettings) -> None:
+    """Set slotkit's priority queue, at default priority, even in frozen settings.
+
+    The engine builds the downloader before the scheduler reads this
+    setting, and a crawler's settings are frozen by then; unfreezing them
+    for one default-priority value is the only way to pick the queue here.
+    """
+    frozen = settings.frozen
+    settings.frozen = False
+    try:
+        settings.set("SCHEDULER_PRIORITY_QUEUE", PRIORITY_QUEUE_PATH, priority="default")
+    finally:
+        settings.frozen = frozen
 
 
 def _loaded(value: Any) -> Any:

@@ -107,11 +107,19 @@ async def test_crawl_delay_off_when_throttling_robotstxt_obey_is_false(mock_site
     assert result.duration < 4
 
 
+@pytest.mark.parametrize(
+    "queue", ["scrapy.pqueues.ScrapyPriorityQueue", None], ids=["scrapy-queue", "default-queue"]
+)
 @pytest_twisted.ensureDeferred
 async def test_ip_scope_spans_hostnames_with_one_address(
-    mock_site: MockSite, cached_names: dict[str, str]
+    mock_site: MockSite, cached_names: dict[str, str], queue: str | None
 ) -> None:
-    """Two host names resolving to one address share CONCURRENT_REQUESTS_PER_IP."""
+    """Two host names resolving to one address share CONCURRENT_REQUESTS_PER_IP.
+
+    With the queue left at Scrapy's default (which refuses per-IP limits)
+    slotkit's own queue takes its place, as the spec says the setting alone
+    enables the limit.
+    """
     hosts = {"a.example.test": HOST, "b.example.test": HOST}
     cached_names.update(hosts)
     for name, address in hosts.items():
@@ -123,7 +131,7 @@ async def test_ip_scope_spans_hostnames_with_one_address(
         **SLOTKIT,
         "CONCURRENT_REQUESTS_PER_IP": 2,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
-        "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue",
+        **({"SCHEDULER_PRIORITY_QUEUE": queue} if queue else {}),
     }
     result = await run_crawl(ListSpider, settings, urls=urls, resolve=hosts)
     assert len(result.responses) == 8
@@ -150,13 +158,14 @@ async def test_unresolved_hosts_are_limited_by_their_domain_only(mock_site: Mock
 
 @pytest_twisted.ensureDeferred
 async def test_stock_queue_with_per_ip_names_the_fix(mock_site: MockSite) -> None:
-    """The stock priority queue with CONCURRENT_REQUESTS_PER_IP fails, naming the fix."""
+    """Scrapy's queue chosen explicitly with CONCURRENT_REQUESTS_PER_IP fails, naming the fix."""
+    settings = {
+        **SLOTKIT,
+        "CONCURRENT_REQUESTS_PER_IP": 2,
+        "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.DownloaderAwarePriorityQueue",
+    }
     with pytest.raises(SettingsError, match=r"slotkit\.ThrottlingAwarePriorityQueue"):
-        await run_crawl(
-            ListSpider,
-            {**SLOTKIT, "CONCURRENT_REQUESTS_PER_IP": 2},
-            urls=pages(mock_site, HOST, 1),
-        )
+        await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
 
 
 @pytest_twisted.ensureDeferred

@@ -626,7 +626,13 @@ def test_scheduler_needs_a_throttling_downloader() -> None:
 @pytest.mark.parametrize(
     ("settings", "fails"),
     [
-        ({"CONCURRENT_REQUESTS_PER_IP": 2}, True),
+        (
+            {
+                "CONCURRENT_REQUESTS_PER_IP": 2,
+                "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.DownloaderAwarePriorityQueue",
+            },
+            True,
+        ),
         ({"CONCURRENT_REQUESTS_PER_IP": 0}, False),
         (
             {
@@ -645,10 +651,27 @@ def test_scheduler_needs_a_throttling_downloader() -> None:
     ],
 )
 def test_check_priority_queue_names_the_fix(settings: dict[str, Any], fails: bool) -> None:
-    """Scrapy's default queue with CONCURRENT_REQUESTS_PER_IP gets an error naming slotkit's."""
+    """Scrapy's queue, chosen explicitly, with CONCURRENT_REQUESTS_PER_IP: an error naming ours."""
     crawler = get_crawler(settings_dict=settings)
     if fails:
         with pytest.raises(SettingsError, match="SCHEDULER_PRIORITY_QUEUE = 'slotkit"):
             check_priority_queue(crawler.settings)
     else:
         check_priority_queue(crawler.settings)
+
+
+def test_per_ip_limit_alone_switches_to_the_throttling_queue(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """CONCURRENT_REQUESTS_PER_IP with the queue left at Scrapy's default just works.
+
+    The spec says setting it enables per-IP limits; Scrapy's default queue
+    would refuse to open, so slotkit's queue takes its place, with a log line.
+    """
+    crawler = get_crawler(settings_dict={"CONCURRENT_REQUESTS_PER_IP": 2})
+    assert crawler.settings.frozen
+    with caplog.at_level("INFO", logger="slotkit"):
+        check_priority_queue(crawler.settings)
+    assert crawler.settings["SCHEDULER_PRIORITY_QUEUE"] == "slotkit.ThrottlingAwarePriorityQueue"
+    assert crawler.settings.frozen
+    assert "CONCURRENT_REQUESTS_PER_IP" in caplog.text
