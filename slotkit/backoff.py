@@ -117,10 +117,22 @@ def _check_bounds(where: str, config: BackoffConfig) -> BackoffConfig:
     return config
 
 
+def _from_command_line(value: object) -> object:
+    """``"429,503"`` (as ``scrapy crawl -s`` passes lists) as a list; anything else as is.
+
+    Digit-only items become ints, as Scrapy's ``getlist`` users would expect
+    of status codes; the other checks then apply unchanged.
+    """
+    if not isinstance(value, str):
+        return value
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    return [int(item) if item.isdigit() else item for item in items]
+
+
 def read_backoff(settings: BaseSettings) -> BackoffConfig:
     """The crawl-wide backoff rules from the ``BACKOFF_*`` settings."""
-    codes = settings.get("BACKOFF_HTTP_CODES")
-    exceptions = settings.get("BACKOFF_EXCEPTIONS")
+    codes = _from_command_line(settings.get("BACKOFF_HTTP_CODES"))
+    exceptions = _from_command_line(settings.get("BACKOFF_EXCEPTIONS"))
     config = BackoffConfig(
         http_codes=_http_codes(
             "BACKOFF_HTTP_CODES", DEFAULT_HTTP_CODES if codes is None else codes

@@ -24,9 +24,11 @@ meta ``autothrottle_dont_adjust_delay``  meta ``throttling_dont_track``
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import SETTINGS_PRIORITIES
 
 from slotkit.validation import _number, as_bool
@@ -210,4 +212,11 @@ def silence_autothrottle(crawler: Crawler) -> None:
         "AUTOTHROTTLE_ENABLED is set: slotkit applies its equivalents and keeps Scrapy's "
         "AutoThrottle from changing delays. Write instead: %s (see `python -m slotkit migrate`).",
         lines,
+    )
+    # The log line is for people; the warning is for test suites and -W error.
+    warnings.warn(
+        "AUTOTHROTTLE_ENABLED is deprecated with slotkit.Downloader: slotkit maps it to "
+        f"throttling settings. Write instead: {lines}",
+        ScrapyDeprecationWarning,
+        stacklevel=2,
     )

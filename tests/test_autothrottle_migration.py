@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import Settings
 
 from slotkit.migration import format_report, migration_report
@@ -79,7 +80,8 @@ async def test_crawl_with_autothrottle_settings(mock_site: MockSite, extension: 
 
     keep: list[Any] = []
     urls = [mock_site.url("127.0.0.1", f"/page/{i}", delay=0.05) for i in range(4)]
-    result = await run_crawl(ListSpider, settings, urls=urls, on_crawler=watch)
+    with pytest.warns(ScrapyDeprecationWarning, match="AUTOTHROTTLE_ENABLED is deprecated"):
+        result = await run_crawl(ListSpider, settings, urls=urls, on_crawler=watch)
     assert len(result.responses) == 4
     assert result.log_text.count("AUTOTHROTTLE_ENABLED is set") == 1
     # AutoThrottle would move the delay toward the latency; slotkit keeps the mapped one.

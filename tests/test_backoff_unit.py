@@ -215,3 +215,23 @@ def test_bad_global_backoff_names_the_setting() -> None:
     """A bad BACKOFF_* value names the setting."""
     with pytest.raises(SettingsError, match="BACKOFF_WINDOW"):
         ThrottlingSettings.from_settings(Settings({"BACKOFF_WINDOW": "soon"}))
+
+
+def test_command_line_lists_are_read() -> None:
+    """``-s BACKOFF_HTTP_CODES=429,503`` arrives as a string; it means the list."""
+    config = ThrottlingSettings.from_settings(
+        Settings(
+            {
+                "BACKOFF_HTTP_CODES": "429, 503",
+                "BACKOFF_EXCEPTIONS": "builtins.OSError,builtins.TimeoutError",
+            }
+        )
+    )
+    backoff = config.backoff_config("any.example")
+    assert backoff.http_codes == frozenset({429, 503})
+    assert backoff.exceptions == (OSError, TimeoutError)
+
+
+def test_command_line_garbage_still_names_the_setting() -> None:
+    with pytest.raises(SettingsError, match="BACKOFF_HTTP_CODES"):
+        ThrottlingSettings.from_settings(Settings({"BACKOFF_HTTP_CODES": "429,soon"}))
