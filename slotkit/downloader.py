@@ -215,6 +215,15 @@ class Downloader:
                     scheduler.enqueue_request(request.replace(dont_filter=True))
                 self.stats.inc("requests_requeued", len(waiting))
         self._save_states()
+        if waiting:
+            logger.info(
+                "slotkit: the spider closed (%s) while %d request(s) waited for their "
+                "throttling scopes; they were not sent%s",
+                reason,
+                len(waiting),
+                " and go back to the scheduler (JOBDIR)" if self._store is not None else "",
+            )
+            self.stats.inc("requests_unsent_at_close", len(waiting))
         self.gate.close(list(self.registry.values()), f"the spider closed ({reason})")
 
     def _save_states(self) -> None:

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from scrapy.exceptions import IgnoreRequest
 from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
@@ -43,8 +44,13 @@ if TYPE_CHECKING:
 __all__ = ["Gate", "GateClosedError", "Waiter"]
 
 
-class GateClosedError(Exception):
-    """The downloader closed while a request still waited for its scopes."""
+class GateClosedError(IgnoreRequest):
+    """The downloader closed while a request still waited for its scopes.
+
+    An :class:`~scrapy.exceptions.IgnoreRequest`: errbacks still see it (with
+    the reason), but Scrapy does not log an "Error downloading" line for each
+    request a closing spider leaves unsent; the downloader logs one summary.
+    """
 
 
 class Waiter:

@@ -465,6 +465,10 @@ def assert_closed_promptly(result: CrawlResult, ledger: Ledger, watch: CloseWatc
         assert "closespider_timeout" in str(failure)
         assert "throttling scopes" in str(failure)
     assert ended_in_spider(result) == ledger.final_urls()
+    # One summary line, not an "Error downloading" per unsent request.
+    assert "Error downloading" not in result.log_text
+    assert result.stats["throttling/requests_unsent_at_close"] == len(waiting)
+    assert "waited for their throttling scopes; they were not sent" in result.log_text
 
 
 @pytest.mark.parametrize("signal", ["retry-after", "backoff-step"])
