@@ -7,6 +7,7 @@ scope, what arrived and what is accepted. Nothing in here touches a reactor.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -292,10 +293,48 @@ def _default_jitter(settings: BaseSettings) -> Jitter:
     randomize_priority = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
     jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
     if randomize_priority > default_priority and randomize_priority > jitter_priority:
-        return parse_jitter(
-            "RANDOMIZE_DOWNLOAD_DELAY", as_bool(settings, "RANDOMIZE_DOWNLOAD_DELAY")
-        )
+        return _randomize_jitter(settings)
     return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
+
+
+def _randomize_jitter(settings: BaseSettings) -> Jitter:
+    """``RANDOMIZE_DOWNLOAD_DELAY``: Scrapy's boolean, or the spec's factor or pair.
+
+    ``True``/``False`` (and 0, 1 and their strings, as Scrapy reads them)
+    mean ±50% or none; any other number is a factor (0.2 means ±20%), and a
+    ``[low, high]`` pair multiplies the delay by ``1 + uniform(low, high)``.
+    """
+    where = "RANDOMIZE_DOWNLOAD_DELAY"
+    raw = settings.get(where)
+    if isinstance(raw, (list, tuple)):
+        return parse_jitter(where, raw)
+    if isinstance(raw, str) and raw.strip().startswith("["):
+        return parse_jitter(where, _json_pair(where, raw))
+    factor = raw if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+    if isinstance(raw, str):
+        try:
+            factor = float(raw)
+        except ValueError:
+            factor = None
+    if factor is not None and factor not in (0, 1):
+        return parse_jitter(where, factor)
+    try:
+        return parse_jitter(where, as_bool(settings, where))
+    except SettingsError:
+        raise SettingsError(
+            f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair "
+            f"(got {raw!r})"
+        ) from None
+
+
+def _json_pair(where: str, raw: str) -> object:
+    """A ``[low, high]`` pair given on the command line as JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise SettingsError(
+            f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair (got {raw!r})"
+        ) from None
 
 
 #: Values of ``THROTTLING_DOMAIN_GROUPING``: one scope per host name, or per

@@ -337,6 +337,30 @@ def test_randomize_download_delay_false_wins_over_default_jitter():
     assert read({"RANDOMIZE_DOWNLOAD_DELAY": False}).jitter == NO_JITTER
 
 
+@pytest.mark.parametrize(
+    ("value", "jitter"),
+    [
+        (0.2, (-0.2, 0.2)),
+        ([-0.1, 0.3], (-0.1, 0.3)),
+        ("0.2", (-0.2, 0.2)),  # scrapy crawl -s RANDOMIZE_DOWNLOAD_DELAY=0.2
+        ("[-0.1, 0.3]", (-0.1, 0.3)),
+        (True, (-0.5, 0.5)),
+        (1, (-0.5, 0.5)),  # Scrapy reads 0 and 1 as booleans
+        ("0", NO_JITTER),
+        ("false", NO_JITTER),
+    ],
+)
+def test_randomize_download_delay_factor_or_pair(value: object, jitter: tuple[float, float]):
+    """The spec's RANDOMIZE_DOWNLOAD_DELAY: a factor or a pair, besides Scrapy's boolean."""
+    assert read({"RANDOMIZE_DOWNLOAD_DELAY": value}).jitter == jitter
+
+
+@pytest.mark.parametrize("value", ["sometimes", "[1, 2", [0.5], [0.3, 0.1]])
+def test_bad_randomize_download_delay_names_the_setting(value: object):
+    with pytest.raises(SettingsError, match="RANDOMIZE_DOWNLOAD_DELAY"):
+        read({"RANDOMIZE_DOWNLOAD_DELAY": value})
+
+
 def test_download_delay_jitter_wins_at_equal_priority():
     """Both set at the same priority: the current setting, DOWNLOAD_DELAY_JITTER, wins."""
     config = read({"RANDOMIZE_DOWNLOAD_DELAY": False, "DOWNLOAD_DELAY_JITTER": 0.3})
