@@ -322,8 +322,7 @@ def _randomize_jitter(settings: BaseSettings) -> Jitter:
         return parse_jitter(where, as_bool(settings, where))
     except SettingsError:
         raise SettingsError(
-            f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair "
-            f"(got {raw!r})"
+            f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair (got {raw!r})"
         ) from None
 
 
