@@ -67,6 +67,15 @@ class Downloader:
 
     DOWNLOAD_SLOT = DOWNLOAD_SLOT
 
+    def __new__(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Downloader:
+        # Shared throttling (slotkit.shared, docs/shared.rst): THROTTLING_REDIS_URL
+        # turns slotkit.Downloader into its Redis-backed subclass.
+        if cls is Downloader and crawler.settings.get("THROTTLING_REDIS_URL"):
+            from slotkit.shared.downloader import SharedDownloader
+
+            cls = SharedDownloader
+        return super().__new__(cls)
+
     def __init__(self, crawler: Crawler, clock: IReactorTime | None = None) -> None:
         self.crawler = crawler
         self.settings = crawler.settings

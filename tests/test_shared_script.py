@@ -23,7 +23,7 @@ def keys(*scopes: str) -> list[str]:
 
 
 def acquire_argv(now, worker, lease, scopes, *, horizon=30.0, lease_ttl=10.0):
-    argv = ["acquire", fmt(now), worker, fmt(5.0), lease, fmt(lease_ttl), fmt(horizon)]
+    argv = ["acquire", fmt(now), worker, fmt(5.0), "0", lease, fmt(lease_ttl), fmt(horizon)]
     argv += [fmt(600.0), str(len(scopes))]
     for s in scopes:
         argv += [
@@ -37,26 +37,70 @@ def acquire_argv(now, worker, lease, scopes, *, horizon=30.0, lease_ttl=10.0):
             fmt(1.0),
             fmt(60.0),
             fmt(s.get("bwin", 5.0)),
-            "0",
+            fmt(s.get("jf", 1.0)),
+            "1" if s.get("rampup") else "0",
+            "1",
+            fmt(0.5),
+            fmt(s.get("rmin", 0.1)),
+            fmt(s.get("rwin", 3.0)),
+            str(s.get("minc", 1)),
         ]
     return argv
 
 
+def with_releases(k, argv, lease, scopes, concs):
+    """*argv* with *lease* given back in *scopes*, its lease sets appended to the keys."""
+    k = list(k)
+    triples = []
+    for scope, conc in zip(scopes, concs, strict=True):
+        lkey = f"{NS}l:{scope}"
+        if lkey not in k:
+            k.append(lkey)
+        triples += [lease, str(k.index(lkey) + 1), str(conc)]
+    return k, [*argv[:4], str(len(scopes)), *triples, *argv[5:]]
+
+
 def backoff_argv(now, worker, hold, age, delay=1.0, cd=0.0, bwin=5.0):
     return [
-        "backoff", fmt(now), worker, fmt(5.0), fmt(600.0), "1",
-        fmt(hold), fmt(age), fmt(delay), fmt(cd), fmt(2.0), fmt(1.0), fmt(60.0), fmt(bwin),
+        "backoff",
+        fmt(now),
+        worker,
+        fmt(5.0),
+        "0",
+        fmt(600.0),
+        "1",
+        fmt(hold),
+        fmt(age),
+        fmt(delay),
+        fmt(cd),
+        fmt(2.0),
+        fmt(1.0),
+        fmt(60.0),
+        fmt(bwin),
     ]
 
 
 def release_argv(now, worker, lease, concs):
-    return ["release", fmt(now), worker, fmt(5.0), lease, str(len(concs)), *map(str, concs)]
+    """Give *lease* back in each scope: lease sets are KEYS 3, 5, ... (1-based)."""
+    argv = ["release", fmt(now), worker, fmt(5.0), str(len(concs))]
+    for i, conc in enumerate(concs):
+        argv += [lease, str(3 + 2 * i), str(conc)]
+    return argv
 
 
 def quota_argv(now, worker, consumed, remaining, quota, window):
     return [
-        "quota", fmt(now), worker, fmt(5.0), fmt(600.0), "1",
-        fmt(consumed), fmt(remaining), fmt(quota), fmt(window),
+        "quota",
+        fmt(now),
+        worker,
+        fmt(5.0),
+        "0",
+        fmt(600.0),
+        "1",
+        fmt(consumed),
+        fmt(remaining),
+        fmt(quota),
+        fmt(window),
     ]
 
 
@@ -78,13 +122,14 @@ def random_ops(seed: int, count: int = 300):
         "a": {"delay": 0.5, "concurrency": 2},
         "b": {"delay": 0.0, "concurrency": 1, "quota": 3.0, "window": 4.0},
         "c": {"delay": 0.25, "concurrency": 3, "cd": 0.0},
+        "r": {"delay": 0.8, "concurrency": 3, "rampup": True, "minc": 1, "jf": 1.1},
     }
     for i in range(count):
         now += rng.choice([0.0, 0.001, 0.1, 0.3, 0.7, 1.3, 4.0])
         worker = f"w{rng.randrange(3)}"
         op = rng.random()
         if op < 0.55:
-            chosen = rng.sample(sorted(configs), rng.randint(1, 3))
+            chosen = rng.sample(sorted(configs), rng.randint(1, 4))
             specs = []
             for name in chosen:
                 spec = dict(configs[name])
@@ -94,20 +139,29 @@ def random_ops(seed: int, count: int = 300):
                 specs.append(spec)
             lease = f"{worker}:{i}"
             argv = acquire_argv(now, worker, lease, specs, horizon=rng.choice([0.5, 30.0]))
+            k = keys(*chosen)
+            if leases and rng.random() < 0.4:
+                # A finished request's lease rides on this acquire.
+                old, old_scopes, old_concs = leases.pop(rng.randrange(len(leases)))
+                k, argv = with_releases(k, argv, old, old_scopes, old_concs)
             leases.append((lease, chosen, [s["concurrency"] for s in specs]))
-            yield keys(*chosen), argv
+            yield k, argv
         elif op < 0.8 and leases:
             lease, chosen, concs = leases.pop(rng.randrange(len(leases)))
             yield keys(*chosen), release_argv(now, worker, lease, concs)
         elif op < 0.93:
             scope = rng.choice(sorted(configs))
-            hold = rng.choice([-1.0, -1.0, 0.0, 2.0, 3.0])
+            hold = rng.choice([-1.0, -1.0, -1.0, 0.0, 2.0, 3.0] if scope != "r" else [-1.0, 5.0])
             yield keys(scope), backoff_argv(now, worker, hold, rng.choice([0.0, 0.5, 3.0]))
         elif op < 0.97:
-            yield keys("b"), quota_argv(now, worker, rng.choice([0.0, 1.0]),
-                                        rng.choice([-1.0, 0.0, 2.0]), 3.0, 4.0)
+            yield (
+                keys("b"),
+                quota_argv(
+                    now, worker, rng.choice([0.0, 1.0]), rng.choice([-1.0, 0.0, 2.0]), 3.0, 4.0
+                ),
+            )
         else:
-            yield [WORKERS], ["beat", fmt(now), worker, fmt(5.0)]
+            yield [WORKERS], ["beat", fmt(now), worker, fmt(5.0), "0"]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -119,8 +119,11 @@ async def test_two_workers_share_one_delay():
     futures = []
     for i in range(3):
         for w in cluster.workers:
-            futures.append(cluster.fetch(w, f"http://a/{w.throttle.worker_id}/{i}",
-                                         [w.scope("a", concurrency=10)]))
+            futures.append(
+                cluster.fetch(
+                    w, f"http://a/{w.throttle.worker_id}/{i}", [w.scope("a", concurrency=10)]
+                )
+            )
     await settle()
     await cluster.run_for(6.5)
     sends = all_sends(cluster)
@@ -167,7 +170,7 @@ async def test_a_hold_stops_every_worker_and_cancels_reservations():
     held_at = cluster.clock.seconds()
     await cluster.run_for(HOLD + 0.5)
     assert pending.done()
-    (went, _), = b.sent
+    ((went, _),) = b.sent
     assert went >= held_at + HOLD - 1e-6
     # The worker that did not see the 429 still knows the deadline (for a fallback).
     assert b.scopes["h"].manager.fallback.hold_until == pytest.approx(held_at + HOLD)
@@ -199,8 +202,9 @@ async def test_quota_windows_are_aligned_for_all_workers():
     cluster = Cluster(2)
     a, b = cluster.workers
     spec = {"delay": 0.0, "concurrency": 10, "quota": 2.0, "window": 10.0}
-    futures = [cluster.fetch(w, f"http://q/{i}", [w.scope("q", **spec)])
-               for i, w in enumerate([a, b, a])]
+    futures = [
+        cluster.fetch(w, f"http://q/{i}", [w.scope("q", **spec)]) for i, w in enumerate([a, b, a])
+    ]
     await settle()
     assert [f.done() for f in futures] == [True, True, False]
     await cluster.run_for(10.0, step=0.1)
@@ -233,8 +237,11 @@ async def test_clock_skew_does_not_matter():
     futures = []
     for i in range(3):
         for w in cluster.workers:
-            futures.append(cluster.fetch(w, f"http://k/{w.throttle.worker_id}/{i}",
-                                         [w.scope("k", concurrency=10)]))
+            futures.append(
+                cluster.fetch(
+                    w, f"http://k/{w.throttle.worker_id}/{i}", [w.scope("k", concurrency=10)]
+                )
+            )
     await settle()
     await cluster.run_for(6.5)
     sends = all_sends(cluster)

@@ -1,7 +1,7 @@
 """Throttling shared by several crawler processes through Redis (opt-in).
 
-Set ``DOWNLOADER = "slotkit.shared.SharedDownloader"`` and
-``THROTTLING_REDIS_URL``; see ``docs/shared.rst``.
+Set ``THROTTLING_REDIS_URL`` with ``DOWNLOADER = "slotkit.Downloader"`` (or
+name ``slotkit.shared.SharedDownloader`` directly); see ``docs/shared.rst``.
 """
 
 from slotkit.shared.downloader import SharedDownloader

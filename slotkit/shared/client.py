@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -37,6 +39,9 @@ __all__ = [
     "TwinBackend",
     "script_source",
 ]
+
+
+logger = logging.getLogger("slotkit")
 
 
 class StoreDownError(ConnectionError):
@@ -61,6 +66,9 @@ class Backend(Protocol):
         subscription died; it is a no-op while the subscription is alive.
         """
 
+    def prepare(self, connections: int = 2) -> Deferred[None] | None:
+        """Load the script and open connections ahead of the first request."""
+
     def close(self) -> Deferred[None] | None:
         """Release connections and threads."""
 
@@ -76,13 +84,20 @@ class TwinBackend:
         self.frozen = False
         self._callbacks: list[tuple[str, Callable[[str], object]]] = []
         store.subscribers.append(self._deliver)
+        self.stats = CallStats(store.clock)
 
     def run(self, keys: Sequence[str], argv: Sequence[str]) -> Deferred[list[str]]:
         if self.down:
             return fail(StoreDownError("twin store is down"))
         if self.frozen:
             return Deferred()
-        return succeed(self.store.run(keys, argv))
+        self.stats.commands += 1
+        reply = self.store.run(keys, argv)
+        self.stats.record(self.stats.now(), argv, reply)
+        return succeed(reply)
+
+    def prepare(self, connections: int = 2) -> None:
+        return None
 
     def _deliver(self, channel: str, message: str) -> None:
         if self.down or self.frozen:
@@ -101,50 +116,174 @@ class TwinBackend:
         self._callbacks.clear()
 
 
-class AsyncioRedisBackend:
-    """redis-py's asyncio client; every call is a task on the reactor's event loop."""
+def _no_retry() -> dict[str, Any]:
+    """redis-py options: fail fast, the shared throttle does its own retrying."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    def __init__(self, url: str, timeout: float) -> None:
+    return {"retry": Retry(NoBackoff(), 0), "retry_on_error": [], "health_check_interval": 0}
+
+
+def _as_store_error(error: BaseException) -> Exception:
+    """Any failure of a store call as a :class:`StoreDownError` (an ordinary ``Exception``).
+
+    A cancelled call ends in :class:`asyncio.CancelledError`, a
+    ``BaseException``: let through, it escapes ``except Exception`` clauses
+    all the way into Scrapy's scraper, whose task then dies without telling
+    the engine the request is done, and the crawl never closes.
+    """
+    if isinstance(error, StoreDownError):
+        return error
+    message = str(error) or type(error).__name__
+    wrapped = StoreDownError(f"{type(error).__name__}: {message}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+class CallStats:
+    """What a backend sent: commands on the wire, and how long each script call took."""
+
+    def __init__(self, clock: Any) -> None:
+        self._clock = clock
+        #: Every command sent to the server (script calls, script loads, subscribes).
+        self.commands = 0
+        #: Seconds from sending an ``acquire`` to reading its reply, per call (bounded).
+        self.round_trips: list[float] = []
+        #: When each of those acquires was sent (the clock's time).
+        self.sent_at: list[float] = []
+        #: The same for the acquires the script answered with "go now".
+        self.go_now: list[float] = []
+
+    def now(self) -> float:
+        return float(self._clock.seconds())
+
+    def record(self, started: float, argv: Sequence[str], reply: Sequence[str]) -> None:
+        if argv[0] != "acquire" or len(self.round_trips) >= 200_000:
+            return
+        took = self.now() - started
+        self.round_trips.append(took)
+        self.sent_at.append(started)
+        if reply[0] == "ok" and float(reply[2]) <= 0:
+            self.go_now.append(took)
+
+
+class AsyncioRedisBackend:
+    """redis-py's asyncio client on the reactor's event loop.
+
+    Script calls go through one pipelined connection (:class:`ScriptWire`);
+    the event subscription has a connection of its own.
+    """
+
+    def __init__(self, url: str, timeout: float, clock: Any = None) -> None:
         import redis.asyncio as aioredis
 
+        from slotkit.shared.wire import ScriptWire
+
+        # No socket timeout on the connections: with one, redis-py wraps every
+        # write in asyncio.wait_for (a task, a turn of the loop). Reads are
+        # bounded by the wire instead; connecting by the connect timeout.
         self._redis = aioredis.Redis.from_url(
             url,
             decode_responses=True,
-            socket_timeout=timeout,
+            socket_timeout=None,
             socket_connect_timeout=timeout,
-            retry_on_timeout=False,
+            **_no_retry(),
         )
-        self._script = self._redis.register_script(script_source())
+        self._source = script_source()
+        self._sha = hashlib.sha1(self._source.encode("utf-8")).hexdigest()
         self._listener: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.stats = CallStats(clock)
+        self._wire = ScriptWire(
+            self._redis, timeout, _as_store_error, self._replied, self.stats.now
+        )
+
+    def _replied(self, sent: float, args: Sequence[str], reply: Any) -> None:
+        if args and args[0] == "EVALSHA":
+            self.stats.record(sent, args[3 + int(args[2]) :], reply)
+
+    def _task(self, coro: Any) -> Deferred[Any]:
+        """Run *coro* as a task; its Deferred fires with its result or an ``Exception``."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        d: Deferred[Any] = Deferred(lambda _: task.cancel())
+
+        def done(finished: asyncio.Task[Any]) -> None:
+            self._tasks.discard(finished)
+            error = None if finished.cancelled() else finished.exception()
+            if d.called:
+                return
+            if finished.cancelled():
+                d.errback(StoreDownError("the store call was cancelled"))
+            elif error is not None:
+                d.errback(_as_store_error(error))
+            else:
+                d.callback(finished.result())
+
+        task.add_done_callback(done)
+        return d
 
     def run(self, keys: Sequence[str], argv: Sequence[str]) -> Deferred[list[str]]:
-        future = asyncio.ensure_future(self._script(keys=list(keys), args=list(argv)))
-        return Deferred.fromFuture(future)
+        from redis.exceptions import NoScriptError
+
+        self.stats.commands += 1
+        d = self._wire.call("EVALSHA", self._sha, str(len(keys)), *keys, *argv)
+
+        def reload(failure: Any) -> Any:
+            if not failure.check(NoScriptError):
+                return failure
+            # A restarted (or flushed) server: load the script, run the call again.
+            self.stats.commands += 2
+            loaded = self._wire.call("SCRIPT", "LOAD", self._source)
+            return loaded.addCallback(
+                lambda _: self._wire.call("EVALSHA", self._sha, str(len(keys)), *keys, *argv)
+            )
+
+        return d.addErrback(reload).addCallback(list)
+
+    def prepare(self, connections: int = 1) -> Deferred[None]:
+        """Connect and load the script before the first request."""
+        self.stats.commands += 1
+        return self._wire.call("SCRIPT", "LOAD", self._source).addCallback(lambda _: None)
 
     def subscribe(self, channel: str, callback: Callable[[str], object]) -> None:
         if self._listener is not None and not self._listener.done():
             return
+        self.stats.commands += 1
         self._listener = asyncio.ensure_future(self._listen(channel, callback))
 
     async def _listen(self, channel: str, callback: Callable[[str], object]) -> None:
         # Ends on the first error; the throttle calls subscribe() again after
-        # its next successful heartbeat, so no retry loop (and no sleep) here.
+        # its next successful call, so no retry loop (and no sleep) here.
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(channel)
             async for message in pubsub.listen():
                 if message.get("type") == "message":
-                    callback(message["data"])
+                    try:
+                        callback(message["data"])
+                    except Exception:  # one bad event must not end the subscription
+                        logger.exception("slotkit: handling a shared-store event failed")
         except Exception:
-            pass
+            logger.debug("slotkit: the shared-store subscription ended", exc_info=True)
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(BaseException):
                 await pubsub.aclose()
 
     def close(self) -> Deferred[None]:
+        """Stop listening, give up calls in flight, close every connection."""
+        self._wire.close()
         if self._listener is not None:
             self._listener.cancel()
-        return Deferred.fromFuture(asyncio.ensure_future(self._redis.aclose()))
+        for task in list(self._tasks):
+            task.cancel()
+        return self._task(self._redis.aclose())
+
+
+def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
+    return threading.Thread(*args, daemon=True, **kwargs)
 
 
 class ThreadedRedisBackend:
@@ -160,42 +299,84 @@ class ThreadedRedisBackend:
             decode_responses=True,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            retry_on_timeout=False,
+            **_no_retry(),
         )
-        self._script = self._redis.register_script(script_source())
+        self._source = script_source()
+        self._sha = hashlib.sha1(self._source.encode("utf-8")).hexdigest()
         self._pool = ThreadPool(minthreads=1, maxthreads=threads, name="slotkit-redis")
+        # Daemon threads: a pool nobody stopped must not keep the process alive.
+        self._pool.threadFactory = _daemon_thread  # type: ignore[assignment]
         self._pool.start()
         self._listener: threading.Thread | None = None
         self._closed = False
+        self.stats = CallStats(reactor)
+
+    def _evalsha(self, keys: Sequence[str], argv: Sequence[str]) -> list[str]:
+        from redis.exceptions import NoScriptError
+
+        stats = self.stats
+        started = stats.now()
+        stats.commands += 1
+        try:
+            reply = self._redis.evalsha(self._sha, len(keys), *keys, *argv)
+        except NoScriptError:
+            stats.commands += 2
+            self._redis.script_load(self._source)
+            reply = self._redis.evalsha(self._sha, len(keys), *keys, *argv)
+        stats.record(started, argv, reply)
+        return list(reply)
 
     def run(self, keys: Sequence[str], argv: Sequence[str]) -> Deferred[list[str]]:
         from twisted.internet.threads import deferToThreadPool
 
-        return deferToThreadPool(
-            self._reactor, self._pool, self._script, keys=list(keys), args=list(argv)
-        )
+        if self._closed:
+            return fail(StoreDownError("the backend is closed"))
+        return deferToThreadPool(self._reactor, self._pool, self._evalsha, keys, argv)
+
+    def prepare(self, connections: int = 2) -> Deferred[None]:
+        from twisted.internet.threads import deferToThreadPool
+
+        def load() -> None:
+            self.stats.commands += 1
+            self._redis.script_load(self._source)
+
+        return deferToThreadPool(self._reactor, self._pool, load)
 
     def subscribe(self, channel: str, callback: Callable[[str], object]) -> None:
-        if self._listener is not None and self._listener.is_alive():
+        if self._closed or (self._listener is not None and self._listener.is_alive()):
             return
+        self.stats.commands += 1
 
         def listen() -> None:
             pubsub = self._redis.pubsub()
             try:
                 pubsub.subscribe(channel)
                 while not self._closed:
-                    message = pubsub.get_message(timeout=1.0)
-                    if message and message.get("type") == "message":
+                    message = pubsub.get_message(timeout=0.5)
+                    if message and message.get("type") == "message" and not self._closed:
                         self._reactor.callFromThread(callback, message["data"])
             except Exception:
-                pass
+                logger.debug("slotkit: the shared-store subscription ended", exc_info=True)
             finally:
-                pubsub.close()
+                with contextlib.suppress(Exception):
+                    pubsub.close()
 
         self._listener = threading.Thread(target=listen, name="slotkit-redis-events", daemon=True)
         self._listener.start()
 
     def close(self) -> None:
+        """Stop the pool without waiting on the reactor thread.
+
+        ``ThreadPool.stop`` joins its threads, and a call in flight to a
+        frozen server holds one for up to the socket timeout: that join runs
+        on a helper thread, never on the reactor's.
+        """
+        if self._closed:
+            return
         self._closed = True
-        self._pool.stop()
-        self._redis.close()
+
+        def stop() -> None:
+            self._pool.stop()
+            self._redis.close()
+
+        threading.Thread(target=stop, name="slotkit-redis-close", daemon=True).start()

@@ -1,4 +1,7 @@
-"""``slotkit.shared.Downloader``: slotkit's downloader with throttling shared through Redis.
+"""``slotkit.shared.SharedDownloader``: slotkit's downloader with throttling shared through Redis.
+
+``slotkit.Downloader`` builds this class itself when ``THROTTLING_REDIS_URL``
+is set, so users need not name it.
 
 It adds one step to the path of a request: after the local gate admitted it
 (local concurrency and known holds), :meth:`SharedThrottle.reserve` waits
@@ -27,7 +30,9 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
 from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_installed
+from twisted.internet.defer import Deferred
 
 from slotkit.downloader import Downloader
 from slotkit.settings import SettingsError
@@ -86,7 +91,7 @@ def make_backend(url: str, timeout: float, clock: IReactorTime) -> Backend:
             "install it with: pip install 'slotkit[redis]'"
         ) from None
     if not is_reactor_installed() or is_asyncio_reactor_installed():
-        return AsyncioRedisBackend(url, timeout)
+        return AsyncioRedisBackend(url, timeout, clock)
     return ThreadedRedisBackend(url, timeout, clock)
 
 
@@ -119,6 +124,9 @@ class SharedDownloader(Downloader):
         self.shared = SharedThrottle(backend, self._clock, worker, options, self._mode_changed)
         crawler.slotkit_shared = self.shared  # type: ignore[attr-defined]
         self.shared.start()
+        # The engine awaits spider_closed handlers: the connections close before the
+        # reactor stops (bounded by the call timeout, whatever the store does).
+        crawler.signals.connect(self._close_store, signal=signals.spider_closed)
 
     # Scopes use the shared manager unless the user named another one.
 
@@ -189,14 +197,18 @@ class SharedDownloader(Downloader):
 
     def close(self) -> None:
         if self.shared is not None:
-            shared = self.shared
-            self.stats.set("shared/calls", shared.calls)
-            self.stats.set("shared/acquires", shared.acquires)
-            self.stats.set("shared/fallback_requests", shared.fallback_requests)
-            self.stats.set("shared/fallbacks", shared.fallbacks)
-            self.stats.set("shared/resyncs", shared.resyncs)
-            shared.close()
+            for key, value in self.shared_summary().items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    self.stats.set(f"shared/{key}", value)
+            self.shared.close()
         super().close()
+
+    def _close_store(self) -> Deferred[None] | None:
+        if self.shared is None:
+            return None
+        closing = self.shared.close()
+        closing.addTimeout(2 * self.shared.options.timeout + 0.5, self._clock)
+        return closing.addErrback(lambda _: None)
 
     def shared_summary(self) -> dict[str, Any]:
         """Counters of the shared layer (for benchmarks and the status line)."""
@@ -212,5 +224,13 @@ class SharedDownloader(Downloader):
             "fallbacks": shared.fallbacks,
             "resyncs": shared.resyncs,
             "fell_back_at": shared.fell_back_at,
-            "latencies": list(shared.latencies),
+            "resynced_at": shared.resynced_at,
+            "events": shared.event_count,
+            "hold_event_at": shared.last_hold_event_at,
+            "go_now": list(getattr(getattr(shared.backend, "stats", None), "go_now", [])),
+            "reasks": shared.reasks,
+            "late": shared.late,
+            "commands": getattr(getattr(shared.backend, "stats", None), "commands", 0),
+            "latencies": shared.latencies,
+            "sent_at": list(getattr(getattr(shared.backend, "stats", None), "sent_at", [])),
         }

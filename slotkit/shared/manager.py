@@ -21,7 +21,13 @@ from zope.interface import implementer
 
 from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor
-from slotkit.scope import SHARED_RNG, ThrottlingScopeManager, _backoff_from_dict
+from slotkit.scope import (
+    SHARED_RNG,
+    ThrottlingScopeManager,
+    _backoff_from_dict,
+    _rampup_from_dict,
+)
+from slotkit.shared.twin import fmt
 from slotkit.validation import NO_JITTER, parse_jitter
 
 if TYPE_CHECKING:
@@ -54,6 +60,9 @@ class SharedScopeManager:
         self.window = float(config.get("window", 60.0))
         backoff = _backoff_from_dict(config.get("backoff"))
         self.backoff = backoff if backoff is not None else ThrottlingScopeManager(1).backoff
+        #: Rampup, shared: the store keeps its delay and concurrency for every worker.
+        self.rampup = _rampup_from_dict(config.get("rampup"))
+        self.min_concurrency = min(self.concurrency, max(1, int(config.get("min_concurrency", 1))))
         #: robots.txt Crawl-delay this worker knows for the scope (0: none).
         self.crawl_delay = 0.0
         self._rng: Uniform = rng if rng is not None else SHARED_RNG
@@ -86,6 +95,33 @@ class SharedScopeManager:
     def interval(self) -> float:
         """The gap to reserve after this worker's next dispatch (delay with jitter)."""
         return self.delay * jitter_factor(self.jitter, self._rng)
+
+    def script_args(self, amount: float | None) -> tuple[list[str], float]:
+        """This scope's arguments of one ``acquire`` (see ``script.lua``), and its interval."""
+        backoff = self.backoff
+        rampup = self.rampup
+        factor = jitter_factor(self.jitter, self._rng)
+        ramping = rampup is not None and rampup.window > 0
+        args = [
+            fmt(1.0 if amount is None else amount),
+            fmt(self.delay),
+            str(self.concurrency),
+            fmt(self.quota if self.quota is not None else -1.0),
+            fmt(self.window),
+            fmt(self.crawl_delay),
+            fmt(backoff.delay_factor),
+            fmt(backoff.min_delay),
+            fmt(backoff.max_delay),
+            fmt(backoff.window),
+            fmt(factor),
+            "1" if ramping else "0",
+            str(rampup.target[0] if rampup is not None else 1),
+            fmt(rampup.delay_factor if rampup is not None else 1.0),
+            fmt(rampup.min_delay if rampup is not None else 0.0),
+            fmt(rampup.window if rampup is not None else 0.0),
+            str(self.min_concurrency if ramping else self.concurrency),
+        ]
+        return args, max(self.delay * factor, self.crawl_delay)
 
     def scale(self, workers: int) -> None:
         """Make the fallback admit 1/*workers* of the shared limits."""

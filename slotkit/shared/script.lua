@@ -10,11 +10,16 @@
 -- the parity tests only); every reply is a relative wait, so the clocks of
 -- the workers never matter.
 --
--- ARGV: op, now override ('' = TIME), worker id, worker ttl, then per op:
---   acquire: lease id, lease ttl, horizon, key ttl, n scopes, then 11 per scope:
+-- ARGV: op, now override ('' = TIME), worker id, worker ttl, then the leases
+-- to give back (every op carries them, so a release rides on the next call):
+--   n releases, then 3 per release: lease id, index in KEYS of its lease set, concurrency
+-- then per op (the releases are done first):
+--   acquire: lease id, lease ttl, horizon, key ttl, n scopes, then 17 per scope:
 --            amount, delay, concurrency, quota (<= 0: none), window, crawl delay,
---            backoff factor, backoff min, backoff max, backoff window, (unused)
---   release: lease id, n scopes, then per scope: concurrency
+--            backoff factor, backoff min, backoff max, backoff window, jitter factor,
+--            rampup (1/0), rampup target (low end), rampup delay factor,
+--            rampup min delay, rampup window, min concurrency
+--   release: (nothing but the releases)
 --   backoff: key ttl, n scopes, then 8 per scope:
 --            hold seconds (< 0: a step instead), age of the request, delay,
 --            crawl delay, backoff factor, backoff min, backoff max, backoff window
@@ -36,6 +41,9 @@ local wttl = tonumber(ARGV[4])
 local workers = KEYS[1]
 local prefix = string.sub(workers, 1, -2)
 local channel = prefix .. 'ev'
+local nrel = tonumber(ARGV[5])
+-- Where the op's own arguments start.
+local o = 5 + 3 * nrel
 
 -- The scope id in a state or lease key: after the prefix and 's:' or 'l:'.
 local function scope_of(key)
@@ -70,11 +78,25 @@ local n = redis.call('ZCARD', workers)
 if n < 1 then n = 1 end
 local N = tostring(n)
 
-if op == 'beat' or op == 'leave' then
+-- 2. Leases given back (piggy-backed on this call). A release that frees a
+-- full scope is published: a worker waiting for a slot asks again at once.
+for r = 1, nrel do
+  local b = 5 + 3 * (r - 1)
+  local lkey = KEYS[tonumber(ARGV[b + 2])]
+  local active = redis.call('ZCARD', lkey)
+  local removed = redis.call('ZREM', lkey, ARGV[b + 1])
+  if removed > 0 and active >= tonumber(ARGV[b + 3]) then
+    redis.call('PUBLISH', channel, 'free\t' .. string.sub(lkey, string.len(prefix) + 3))
+  end
+end
+
+if op == 'beat' or op == 'leave' or op == 'release' then
   return {'ok', N}
 end
 
-local FIELDS = {'tat', 'hold', 'bo', 'rec', 'ss', 'cd', 'qw', 'qu'}
+-- rd/rc: the rampup delay and concurrency (rc == 0: rampup not started);
+-- rwe: end of the rampup window; rt/rs: triggers and dispatches in it.
+local FIELDS = {'tat', 'hold', 'bo', 'rec', 'ss', 'cd', 'qw', 'qu', 'rd', 'rc', 'rwe', 'rt', 'rs'}
 
 local function load(key)
   local raw = redis.call('HMGET', key, unpack(FIELDS))
@@ -112,39 +134,74 @@ local function settle(st, base, factor, floor, window)
   end
 end
 
+-- Shared rampup: at the end of each window with fewer triggers than the
+-- target's low end (and no backoff), one step up for every worker at once:
+-- the delay by its factor down to its minimum, then the concurrency by one.
+local function ramp(st, a)
+  if st.rc < 1 then
+    st.rd = a.delay
+    st.rc = a.minc
+  end
+  while st.rwe > 0 and now >= st.rwe do
+    if st.rt < a.rlow and st.rs > 0 and st.bo == 0 then
+      if st.rd > a.rmin then
+        st.rd = math.max(a.rmin, st.rd * a.rfac)
+      elseif st.rc < a.conc then
+        st.rc = st.rc + 1
+      end
+    end
+    st.rt = 0
+    st.rs = 0
+    st.rwe = st.rwe + a.rwin
+    if now >= st.rwe then
+      st.rwe = st.rwe + (math.floor((now - st.rwe) / a.rwin) + 1) * a.rwin
+    end
+  end
+  a.delay = st.rd
+  a.conc = st.rc
+end
+
 if op == 'acquire' then
-  local lease = ARGV[5]
-  local lease_ttl = tonumber(ARGV[6])
-  local horizon = tonumber(ARGV[7])
-  local key_ttl = tonumber(ARGV[8])
-  local scopes = tonumber(ARGV[9])
+  local lease = ARGV[o + 1]
+  local lease_ttl = tonumber(ARGV[o + 2])
+  local horizon = tonumber(ARGV[o + 3])
+  local key_ttl = tonumber(ARGV[o + 4])
+  local scopes = tonumber(ARGV[o + 5])
   local states, args, holds = {}, {}, {}
   local ready = now
   local full, full_retry = false, math.huge
   local quota_wait = 0
   for i = 1, scopes do
-    local b = 9 + (i - 1) * 11
+    local b = o + 5 + (i - 1) * 17
     local a = {
       amount = tonumber(ARGV[b + 1]), delay = tonumber(ARGV[b + 2]),
       conc = tonumber(ARGV[b + 3]), quota = tonumber(ARGV[b + 4]),
       window = tonumber(ARGV[b + 5]), cd = tonumber(ARGV[b + 6]),
       factor = tonumber(ARGV[b + 7]), bmin = tonumber(ARGV[b + 8]),
       bmax = tonumber(ARGV[b + 9]), bwin = tonumber(ARGV[b + 10]),
+      jf = tonumber(ARGV[b + 11]), ron = tonumber(ARGV[b + 12]),
+      rlow = tonumber(ARGV[b + 13]), rfac = tonumber(ARGV[b + 14]),
+      rmin = tonumber(ARGV[b + 15]), rwin = tonumber(ARGV[b + 16]),
+      minc = tonumber(ARGV[b + 17]),
     }
     local skey, lkey = KEYS[2 * i], KEYS[2 * i + 1]
     local st = load(skey)
+    if a.ron > 0 then ramp(st, a) end
     -- The larger of the stored and this worker's robots.txt Crawl-delay wins.
     if a.cd > st.cd then st.cd = a.cd end
-    a.base = math.max(a.delay, st.cd)
+    a.base = math.max(a.delay * a.jf, st.cd)
     settle(st, a.base, a.factor, a.bmin, a.bwin)
     a.interval = math.max(a.base, st.bo)
     redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now))
     local active = redis.call('ZCARD', lkey)
+    a.active = active
     if active >= a.conc then
       full = true
       local first = redis.call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
       local retry = tonumber(first[2]) - now
       if retry < full_retry then full_retry = retry end
+      -- Workers keeping a finished lease for a moment give it back now.
+      redis.call('PUBLISH', channel, 'need\t' .. scope_of(lkey))
     end
     local r = math.max(st.tat, st.hold)
     if r > ready then ready = r end
@@ -159,7 +216,6 @@ if op == 'acquire' then
         if qw > quota_wait then quota_wait = qw end
       end
     end
-    holds[i] = fmt(math.max(0, st.hold - now))
     states[i], args[i] = st, a
   end
   local wait = ready - now
@@ -173,44 +229,38 @@ if op == 'acquire' then
   elseif wait > horizon then
     status = 'wait'
   end
+  local taken = 0
   if status == 'ok' then
+    taken = 1
     for i = 1, scopes do
       local st, a = states[i], args[i]
       st.tat = ready + a.interval
       if a.quota > 0 then st.qu = st.qu + a.amount end
+      if a.ron > 0 then
+        if st.rwe <= 0 then st.rwe = now + a.rwin end
+        st.rs = st.rs + 1
+      end
       local lkey = KEYS[2 * i + 1]
       redis.call('ZADD', lkey, fmt(ready + lease_ttl), lease)
       pexpire(lkey, ready + lease_ttl - now + 1)
       save(KEYS[2 * i], st, math.max(key_ttl, a.window))
     end
   end
+  -- Per scope: the hold left, and the slots still free after this call.
   local reply = {status, N, fmt(wait)}
-  for i = 1, scopes do reply[#reply + 1] = holds[i] end
+  for i = 1, scopes do
+    reply[#reply + 1] = fmt(math.max(0, states[i].hold - now))
+    reply[#reply + 1] = tostring(args[i].conc - args[i].active - taken)
+  end
   return reply
 end
 
-if op == 'release' then
-  local lease = ARGV[5]
-  local scopes = tonumber(ARGV[6])
-  for i = 1, scopes do
-    local conc = tonumber(ARGV[6 + i])
-    local lkey = KEYS[2 * i + 1]
-    local active = redis.call('ZCARD', lkey)
-    local removed = redis.call('ZREM', lkey, lease)
-    if removed > 0 and active >= conc then
-      -- Someone may be waiting for this slot: tell the workers it is free.
-      redis.call('PUBLISH', channel, 'free\t' .. scope_of(lkey))
-    end
-  end
-  return {'ok', N}
-end
-
 if op == 'backoff' then
-  local key_ttl = tonumber(ARGV[5])
-  local scopes = tonumber(ARGV[6])
+  local key_ttl = tonumber(ARGV[o + 1])
+  local scopes = tonumber(ARGV[o + 2])
   local reply = {'ok', N}
   for i = 1, scopes do
-    local b = 6 + (i - 1) * 8
+    local b = o + 2 + (i - 1) * 8
     local hold = tonumber(ARGV[b + 1])
     local age = tonumber(ARGV[b + 2])
     local delay, cd = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
@@ -218,6 +268,7 @@ if op == 'backoff' then
     local bmax, bwin = tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8])
     local skey = KEYS[2 * i]
     local st = load(skey)
+    if st.rc >= 1 then delay = st.rd end
     if cd > st.cd then st.cd = cd end
     local base = math.max(delay, st.cd)
     settle(st, base, factor, bmin, bwin)
@@ -225,7 +276,8 @@ if op == 'backoff' then
     if hold >= 0 then
       if now + hold > st.hold then st.hold = now + hold end
       st.ss = now
-      redis.call('PUBLISH', channel, 'hold\t' .. scope_of(skey))
+      -- With the seconds it has left, so workers that fall back keep it.
+      redis.call('PUBLISH', channel, 'hold\t' .. scope_of(skey) .. '\t' .. fmt(st.hold - now))
     elseif now - age < st.ss then
       -- Sent before the current step began: the same episode, not a new signal.
       outcome = 'dup'
@@ -235,8 +287,11 @@ if op == 'backoff' then
       outcome = 'step'
       redis.call('PUBLISH', channel, 'step\t' .. scope_of(skey))
     end
-    if outcome ~= 'dup' and st.bo > 0 then
-      if bwin > 0 then st.rec = now + bwin else st.rec = 0 end
+    if outcome ~= 'dup' then
+      st.rt = st.rt + 1
+      if st.bo > 0 then
+        if bwin > 0 then st.rec = now + bwin else st.rec = 0 end
+      end
     end
     save(skey, st, key_ttl)
     reply[#reply + 1] = outcome
@@ -246,10 +301,10 @@ if op == 'backoff' then
 end
 
 if op == 'quota' then
-  local key_ttl = tonumber(ARGV[5])
-  local scopes = tonumber(ARGV[6])
+  local key_ttl = tonumber(ARGV[o + 1])
+  local scopes = tonumber(ARGV[o + 2])
   for i = 1, scopes do
-    local b = 6 + (i - 1) * 4
+    local b = o + 2 + (i - 1) * 4
     local consumed, remaining = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local quota, window = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local skey = KEYS[2 * i]

@@ -26,7 +26,27 @@ if TYPE_CHECKING:
 
 __all__ = ["TwinStore", "fmt"]
 
-FIELDS = ("tat", "hold", "bo", "rec", "ss", "cd", "qw", "qu")
+FIELDS = ("tat", "hold", "bo", "rec", "ss", "cd", "qw", "qu", "rd", "rc", "rwe", "rt", "rs")
+#: The arguments of one scope in an ``acquire``, in order.
+SCOPE_ARGS = (
+    "amount",
+    "delay",
+    "conc",
+    "quota",
+    "window",
+    "cd",
+    "factor",
+    "bmin",
+    "bmax",
+    "bwin",
+    "jf",
+    "ron",
+    "rlow",
+    "rfac",
+    "rmin",
+    "rwin",
+    "minc",
+)
 
 
 def fmt(value: float) -> str:
@@ -54,6 +74,11 @@ class _State:
     cd: float
     qw: float
     qu: float
+    rd: float
+    rc: float
+    rwe: float
+    rt: float
+    rs: float
 
 
 class TwinStore:
@@ -61,6 +86,8 @@ class TwinStore:
 
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
+        #: The store's clock (what ``TIME`` reads).
+        self.clock = clock
         self.hashes: dict[str, dict[str, str]] = {}
         self.zsets: dict[str, dict[str, float]] = {}
         #: Key -> the clock time it expires at.
@@ -68,6 +95,7 @@ class TwinStore:
         self.subscribers: list[Callable[[str, str], object]] = []
         #: How many script runs the store has served (what "Redis calls" counts).
         self.calls = 0
+        self._outbox: list[tuple[str, str]] = []
 
     # The few Redis primitives, with lazy expiry
 
@@ -107,13 +135,25 @@ class TwinStore:
         return expires - self._clock.seconds()
 
     def publish(self, channel: str, message: str) -> None:
-        for subscriber in list(self.subscribers):
-            subscriber(channel, message)
+        # Like Redis, deliver after the script has run (never from inside it).
+        self._outbox.append((channel, message))
+
+    def _deliver(self) -> None:
+        while self._outbox:
+            channel, message = self._outbox.pop(0)
+            for subscriber in list(self.subscribers):
+                subscriber(channel, message)
 
     # The script
 
     def run(self, keys: Sequence[str], argv: Sequence[str]) -> list[str]:
         """Run one operation, exactly as ``script.lua`` would; return its reply."""
+        try:
+            return self._run(keys, argv)
+        finally:
+            self._deliver()
+
+    def _run(self, keys: Sequence[str], argv: Sequence[str]) -> list[str]:
         self.calls += 1
         op = argv[0]
         now = float(argv[1]) if argv[1] != "" else float(self._clock.seconds())
@@ -164,112 +204,39 @@ class TwinStore:
         self._pexpire(workers, wttl * 2)
         n = max(1, len(self._zset(workers)))
         count = str(n)
-        if op in ("beat", "leave"):
+
+        # 2. Leases given back, riding on this call.
+        nrel = int(argv[4])
+        for r in range(nrel):
+            b = 4 + 3 * r
+            lkey = keys[int(argv[b + 2]) - 1]
+            leases = self._zset(lkey)
+            active = len(leases)
+            removed = leases.pop(argv[b + 1], None) is not None
+            if not leases:
+                self.zsets.pop(lkey, None)
+            if removed and active >= float(argv[b + 3]):
+                self.publish(channel, "free\t" + scope_of(lkey))
+        o = 4 + 3 * nrel  # where the op's own arguments start (0-based, minus one)
+
+        if op in ("beat", "leave", "release"):
             return ["ok", count]
 
         if op == "acquire":
-            lease = argv[4]
-            lease_ttl = float(argv[5])
-            horizon = float(argv[6])
-            key_ttl = float(argv[7])
-            scopes = int(argv[8])
-            states: list[_State] = []
-            params: list[dict[str, float]] = []
-            holds: list[str] = []
-            ready = now
-            full, full_retry = False, math.inf
-            quota_wait = 0.0
-            for i in range(scopes):
-                b = 8 + i * 11
-                a = {
-                    name: float(argv[b + 1 + offset])
-                    for offset, name in enumerate(
-                        (
-                            "amount",
-                            "delay",
-                            "conc",
-                            "quota",
-                            "window",
-                            "cd",
-                            "factor",
-                            "bmin",
-                            "bmax",
-                            "bwin",
-                        )
-                    )
-                }
-                skey, lkey = keys[1 + 2 * i], keys[2 + 2 * i]
-                st = load(skey)
-                if a["cd"] > st.cd:
-                    st.cd = a["cd"]
-                a["base"] = max(a["delay"], st.cd)
-                settle(st, a["base"], a["factor"], a["bmin"], a["bwin"])
-                a["interval"] = max(a["base"], st.bo)
-                self._zremrange(lkey, fmt(now))
-                leases = self._zset(lkey)
-                if len(leases) >= a["conc"]:
-                    full = True
-                    retry = min(leases.values()) - now
-                    full_retry = min(full_retry, retry)
-                r = max(st.tat, st.hold)
-                ready = max(ready, r)
-                if a["quota"] > 0:
-                    widx = math.floor(now / a["window"])
-                    if st.qw != widx:
-                        st.qw = widx
-                        st.qu = 0.0
-                    if st.qu > 0 and st.qu + a["amount"] - a["quota"] > 1e-9:
-                        quota_wait = max(quota_wait, (widx + 1) * a["window"] - now)
-                holds.append(fmt(max(0.0, st.hold - now)))
-                states.append(st)
-                params.append(a)
-            wait = ready - now
-            status = "ok"
-            if full:
-                status = "full"
-                wait = max(wait, full_retry)
-            elif quota_wait > 0:
-                status = "wait"
-                wait = max(wait, quota_wait)
-            elif wait > horizon:
-                status = "wait"
-            if status == "ok":
-                for i, (st, a) in enumerate(zip(states, params, strict=True)):
-                    st.tat = ready + a["interval"]
-                    if a["quota"] > 0:
-                        st.qu = st.qu + a["amount"]
-                    lkey = keys[2 + 2 * i]
-                    self._zadd(lkey, fmt(ready + lease_ttl), lease)
-                    self._pexpire(lkey, ready + lease_ttl - now + 1)
-                    save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
-            return [status, count, fmt(wait), *holds]
-
-        if op == "release":
-            lease = argv[4]
-            scopes = int(argv[5])
-            for i in range(scopes):
-                conc = float(argv[6 + i])
-                lkey = keys[2 + 2 * i]
-                leases = self._zset(lkey)
-                active = len(leases)
-                removed = leases.pop(lease, None) is not None
-                if not leases:
-                    self.zsets.pop(lkey, None)
-                if removed and active >= conc:
-                    self.publish(channel, "free\t" + scope_of(lkey))
-            return ["ok", count]
-
+            return self._acquire(keys, argv, o, now, count, channel, scope_of, load, save, settle)
         if op == "backoff":
-            key_ttl = float(argv[4])
-            scopes = int(argv[5])
+            key_ttl = float(argv[o + 1])
+            scopes = int(argv[o + 2])
             reply = ["ok", count]
             for i in range(scopes):
-                b = 5 + i * 8
+                b = o + 2 + i * 8
                 hold, age, delay, cd, factor, bmin, bmax, bwin = (
                     float(argv[b + 1 + k]) for k in range(8)
                 )
                 skey = keys[1 + 2 * i]
                 st = load(skey)
+                if st.rc >= 1:
+                    delay = st.rd
                 if cd > st.cd:
                     st.cd = cd
                 base = max(delay, st.cd)
@@ -279,7 +246,7 @@ class TwinStore:
                     if now + hold > st.hold:
                         st.hold = now + hold
                     st.ss = now
-                    self.publish(channel, "hold\t" + scope_of(skey))
+                    self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
                 elif now - age < st.ss:
                     outcome = "dup"
                 else:
@@ -287,17 +254,19 @@ class TwinStore:
                     st.ss = now
                     outcome = "step"
                     self.publish(channel, "step\t" + scope_of(skey))
-                if outcome != "dup" and st.bo > 0:
-                    st.rec = now + bwin if bwin > 0 else 0.0
+                if outcome != "dup":
+                    st.rt = st.rt + 1
+                    if st.bo > 0:
+                        st.rec = now + bwin if bwin > 0 else 0.0
                 save(skey, st, key_ttl)
                 reply += [outcome, fmt(st.bo)]
             return reply
 
         if op == "quota":
-            key_ttl = float(argv[4])
-            scopes = int(argv[5])
+            key_ttl = float(argv[o + 1])
+            scopes = int(argv[o + 2])
             for i in range(scopes):
-                b = 5 + i * 4
+                b = o + 2 + i * 4
                 consumed, remaining, quota, window = (float(argv[b + 1 + k]) for k in range(4))
                 skey = keys[1 + 2 * i]
                 st = load(skey)
@@ -313,3 +282,105 @@ class TwinStore:
             return ["ok", count]
 
         raise ValueError(f"slotkit: unknown operation {op!r}")
+
+    def _acquire(
+        self,
+        keys: Sequence[str],
+        argv: Sequence[str],
+        o: int,
+        now: float,
+        count: str,
+        channel: str,
+        scope_of: Callable[[str], str],
+        load: Callable[[str], _State],
+        save: Callable[[str, _State, float], None],
+        settle: Callable[[_State, float, float, float, float], None],
+    ) -> list[str]:
+        lease = argv[o + 1]
+        lease_ttl = float(argv[o + 2])
+        horizon = float(argv[o + 3])
+        key_ttl = float(argv[o + 4])
+        scopes = int(argv[o + 5])
+        states: list[_State] = []
+        params: list[dict[str, float]] = []
+        ready = now
+        full, full_retry = False, math.inf
+        quota_wait = 0.0
+        for i in range(scopes):
+            b = o + 5 + i * len(SCOPE_ARGS)
+            a = {name: float(argv[b + 1 + k]) for k, name in enumerate(SCOPE_ARGS)}
+            skey, lkey = keys[1 + 2 * i], keys[2 + 2 * i]
+            st = load(skey)
+            if a["ron"] > 0:
+                _ramp(st, a, now)
+            if a["cd"] > st.cd:
+                st.cd = a["cd"]
+            a["base"] = max(a["delay"] * a["jf"], st.cd)
+            settle(st, a["base"], a["factor"], a["bmin"], a["bwin"])
+            a["interval"] = max(a["base"], st.bo)
+            self._zremrange(lkey, fmt(now))
+            leases = self._zset(lkey)
+            a["active"] = len(leases)
+            if len(leases) >= a["conc"]:
+                full = True
+                full_retry = min(full_retry, min(leases.values()) - now)
+                self.publish(channel, "need\t" + scope_of(lkey))
+            ready = max(ready, st.tat, st.hold)
+            if a["quota"] > 0:
+                widx = math.floor(now / a["window"])
+                if st.qw != widx:
+                    st.qw = widx
+                    st.qu = 0.0
+                if st.qu > 0 and st.qu + a["amount"] - a["quota"] > 1e-9:
+                    quota_wait = max(quota_wait, (widx + 1) * a["window"] - now)
+            states.append(st)
+            params.append(a)
+        wait = ready - now
+        status = "ok"
+        if full:
+            status = "full"
+            wait = max(wait, full_retry)
+        elif quota_wait > 0:
+            status = "wait"
+            wait = max(wait, quota_wait)
+        elif wait > horizon:
+            status = "wait"
+        taken = 0
+        if status == "ok":
+            taken = 1
+            for i, (st, a) in enumerate(zip(states, params, strict=True)):
+                st.tat = ready + a["interval"]
+                if a["quota"] > 0:
+                    st.qu = st.qu + a["amount"]
+                if a["ron"] > 0:
+                    if st.rwe <= 0:
+                        st.rwe = now + a["rwin"]
+                    st.rs = st.rs + 1
+                lkey = keys[2 + 2 * i]
+                self._zadd(lkey, fmt(ready + lease_ttl), lease)
+                self._pexpire(lkey, ready + lease_ttl - now + 1)
+                save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
+        reply = [status, count, fmt(wait)]
+        for st, a in zip(states, params, strict=True):
+            reply += [fmt(max(0.0, st.hold - now)), str(int(a["conc"] - a["active"] - taken))]
+        return reply
+
+
+def _ramp(st: _State, a: dict[str, float], now: float) -> None:
+    """Shared rampup, as the script's ``ramp``: close every ended window, step up if quiet."""
+    if st.rc < 1:
+        st.rd = a["delay"]
+        st.rc = a["minc"]
+    while st.rwe > 0 and now >= st.rwe:
+        if st.rt < a["rlow"] and st.rs > 0 and st.bo == 0:
+            if st.rd > a["rmin"]:
+                st.rd = max(a["rmin"], st.rd * a["rfac"])
+            elif st.rc < a["conc"]:
+                st.rc = st.rc + 1
+        st.rt = 0.0
+        st.rs = 0.0
+        st.rwe = st.rwe + a["rwin"]
+        if now >= st.rwe:
+            st.rwe = st.rwe + (math.floor((now - st.rwe) / a["rwin"]) + 1) * a["rwin"]
+    a["delay"] = st.rd
+    a["conc"] = st.rc

@@ -1,0 +1,347 @@
+"""The store side of the shared throttle: calls, piggy-backed releases, heartbeat, modes.
+
+:class:`StoreLink` is the base of :class:`~slotkit.shared.throttle.SharedThrottle`;
+it owns everything about talking to the store and nothing about requests:
+
+* every call carries the leases waiting to be given back (see
+  :meth:`StoreLink._give_back`), so a busy crawl needs about one call per
+  request;
+* the heartbeat only calls the store when nothing else did for a while;
+* failures switch to the local fallback, a successful heartbeat re-syncs;
+* a failed call never ends in a ``BaseException`` (see
+  :func:`slotkit.shared.client._as_store_error`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred, DeferredLock, succeed
+
+from slotkit.gate import Gate
+from slotkit.registry import Scope
+from slotkit.shared.client import StoreDownError, _as_store_error
+from slotkit.shared.manager import SharedScopeManager
+from slotkit.shared.options import ThrottleOptions
+from slotkit.shared.twin import fmt
+from slotkit.shared.waits import Sleeps
+
+if TYPE_CHECKING:
+    from twisted.internet.interfaces import IDelayedCall, IReactorTime
+    from twisted.python.failure import Failure
+
+    from slotkit.shared.client import Backend
+    from slotkit.shared.options import Pass
+
+logger = logging.getLogger("slotkit")
+
+__all__ = ["FALLBACK", "SHARED", "StoreLink"]
+
+SHARED = "shared"
+FALLBACK = "fallback"
+
+#: A lease to give back: (lease id, its lease-set key, the scope's concurrency).
+Release = tuple[str, str, str]
+
+
+class StoreLink:
+    """The store side of the shared throttle: calls, releases, heartbeat, modes, events."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        clock: IReactorTime,
+        worker_id: str,
+        options: ThrottleOptions | None = None,
+        on_mode: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.clock = clock
+        self.worker_id = worker_id
+        self.options = options or ThrottleOptions()
+        #: Every key shares this hash tag, so a Redis Cluster keeps them on one node.
+        self.prefix = f"{{{self.options.namespace}}}:"
+        self.workers_key = self.prefix + "w"
+        self.channel = self.prefix + "ev"
+        self.mode = SHARED
+        self.workers = 1
+        self._on_mode = on_mode
+        self._leases = itertools.count()
+        self._failures = 0
+        self._last_success = clock.seconds()
+        #: When a call last proved this worker alive to the store (none yet).
+        self._alive_at = -math.inf
+        self._managers: dict[str, SharedScopeManager] = {}
+        self._fallback_gate = Gate(clock)
+        self._fallback_scopes: dict[str, Scope] = {}
+        self.sleeps = Sleeps(clock)
+        #: One reservation at a time per scope and worker: the next request of
+        #: the scope asks the store only once the previous one has gone. Keeps
+        #: reservations (and the leases they hold) at most N deep per scope.
+        self._turns: dict[str, DeferredLock] = {}
+        #: Leases waiting to ride on the next call (or to be sent after an outage).
+        self._releases: list[Release] = []
+        self._flush_call: IDelayedCall | None = None
+        #: Events counted, and the count at each scope's last ``free``: a free
+        #: arriving before a ``full`` reply is processed must not be missed.
+        self.event_count = 0
+        self.last_hold_event_at: float | None = None
+        self.freed: dict[str, int] = {}
+        self._beat_call: IDelayedCall | None = None
+        self._beat_in_flight = False
+        self._closed = False
+        self._closing: Deferred[None] | None = None
+        self._stopping = False
+        #: Counters for stats and the benchmark.
+        self.calls = 0
+        self.acquires = 0
+        self.reasks = 0
+        self.late = 0
+        self.fallback_requests = 0
+        self.fallbacks = 0
+        self.resyncs = 0
+        self.fell_back_at: float | None = None
+        self.resynced_at: float | None = None
+
+    @property
+    def latencies(self) -> list[float]:
+        """Seconds from sending each script call to reading its reply (the backend's count)."""
+        stats = getattr(self.backend, "stats", None)
+        return list(stats.round_trips) if stats is not None else []
+
+    # Life cycle
+
+    def start(self) -> None:
+        """Load the script, subscribe to the store's events and start the heartbeat."""
+        prepared = self.backend.prepare()
+        if isinstance(prepared, Deferred):
+            prepared.addErrback(lambda _: None)
+        self.backend.subscribe(self.channel, self._event)
+        self._schedule_beat(0.0)
+
+    def stop_waiting(self, reason: str = "the downloader closed") -> None:
+        """Fail every request still waiting for the store or the fallback (spider closing)."""
+        self._stopping = True
+        self.sleeps.end_all(None)
+        self._fallback_gate.close(list(self._fallback_scopes.values()), reason)
+
+    def close(self) -> Deferred[None]:
+        """Stop the heartbeat, fail what still waits, give leases back, leave, disconnect.
+
+        The Deferred fires once the backend is closed; every step is bounded
+        by the call timeout, so it fires promptly whatever the store does.
+        """
+        if self._closing is not None:
+            return self._closing
+        self.stop_waiting()
+        self._closed = True
+        for call in (self._beat_call, self._flush_call):
+            if call is not None and call.active():
+                call.cancel()
+        leaving: Deferred[Any] = succeed(None)
+        if self.mode == SHARED:
+            leaving = self._call([self.workers_key], "leave", [])
+            leaving.addErrback(lambda _: None)
+
+        def disconnect(_: object) -> Deferred[None] | None:
+            closed = self.backend.close()
+            if isinstance(closed, Deferred):
+                return closed.addErrback(lambda _: None)
+            return None
+
+        self._closing = leaving.addBoth(disconnect)
+        return self._closing
+
+    def register(self, manager: SharedScopeManager) -> None:
+        """Know *manager* (to scale it and write its holds back after an outage)."""
+        if manager.scope_id is not None:
+            self._managers[manager.scope_id] = manager
+            manager.scale(self.workers if self.mode == FALLBACK else 1)
+
+    # Store calls
+
+    def _keys(self, scope_ids: Sequence[str]) -> list[str]:
+        keys = [self.workers_key]
+        for scope_id in scope_ids:
+            keys += [f"{self.prefix}s:{scope_id}", f"{self.prefix}l:{scope_id}"]
+        return keys
+
+    def _call(self, keys: list[str], op: str, args: list[str]) -> Deferred[list[str]]:
+        """Run *op*; every lease waiting to be given back rides along."""
+        self.calls += 1
+        riding, self._releases = self._releases, []
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        keys = list(keys)
+        head = [op, "", self.worker_id, fmt(self.options.worker_ttl), str(len(riding))]
+        for lease, lease_key, concurrency in riding:
+            if lease_key not in keys:
+                keys.append(lease_key)
+            head += [lease, str(keys.index(lease_key) + 1), concurrency]
+        d = self.backend.run(keys, head + args)
+        d.addTimeout(self.options.timeout, self.clock)
+
+        def failed(failure: Failure) -> Failure:
+            # The releases may not have happened: they ride on a later call
+            # (giving a lease back twice is harmless).
+            self._releases[:0] = riding
+            return self._failed(failure)
+
+        d.addCallbacks(self._succeeded, failed)
+        return d
+
+    def _succeeded(self, reply: list[str]) -> list[str]:
+        self._failures = 0
+        self._last_success = self._alive_at = self.clock.seconds()
+        if len(reply) > 1:
+            self.workers = max(1, int(reply[1]))
+        return reply
+
+    def _failed(self, failure: Failure) -> Failure:
+        value = failure.value
+        if not isinstance(value, Exception):
+            # Never let a BaseException (a cancelled asyncio task) out: see
+            # client._as_store_error.
+            failure = type(failure)(_as_store_error(value or StoreDownError("no error")))
+        self._failures += 1
+        now = self.clock.seconds()
+        if self.mode == SHARED and (
+            self._failures >= self.options.failures
+            or now - self._last_success >= self.options.fallback_after
+        ):
+            self._enter_fallback(now, failure)
+        elif self.mode == SHARED and not self._beat_in_flight and not self._closed:
+            # Probe at once: a second failure soon after decides the fallback.
+            self._schedule_beat(0.0)
+        return failure
+
+    def _give_back(self, ticket: Pass, lease: str, now: bool) -> None:
+        """Queue *lease* for release; send it at once if *now*, else let it ride."""
+        for scope_id, manager in zip(ticket.scope_ids, ticket.managers, strict=True):
+            self._releases.append((lease, f"{self.prefix}l:{scope_id}", str(manager.concurrency)))
+        if self.mode != SHARED or self._closed:
+            return  # sent after the re-sync, or with the leave call
+        if now:
+            self._flush()
+        elif self._flush_call is None:
+            self._flush_call = self.clock.callLater(self.options.release_linger, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        if self._releases and self.mode == SHARED and not self._closed:
+            self._call([self.workers_key], "release", []).addErrback(lambda _: None)
+
+    # Modes
+
+    def _enter_fallback(self, now: float, failure: Failure) -> None:
+        self.mode = FALLBACK
+        self.fallbacks += 1
+        self.fell_back_at = now
+        logger.warning(
+            "slotkit: the shared throttling store failed (%s); throttling locally at 1/%d "
+            "of the shared limits until it answers again",
+            failure.getErrorMessage() or type(failure.value).__name__,
+            self.workers,
+        )
+        for manager in self._managers.values():
+            manager.scale(self.workers)
+        # Requests waiting on the store move to the fallback now.
+        self.sleeps.end_all("fallback")
+        if self._on_mode is not None:
+            self._on_mode(FALLBACK)
+        self._schedule_beat(self.options.probe)
+
+    def _resync(self) -> None:
+        """The store answered again: write back known holds, free leftovers, go shared."""
+        now = self.clock.seconds()
+        self.mode = SHARED
+        self.resyncs += 1
+        self.resynced_at = now
+        for scope_id, manager in self._managers.items():
+            if manager.fallback.hold_until > now:
+                self._send_backoff([scope_id], [manager], manager.fallback.hold_until - now, 0.0)
+            manager.scale(1)
+        if self._releases:
+            self._flush()
+        self.backend.subscribe(self.channel, self._event)
+        logger.info("slotkit: the shared throttling store is back; throttling is shared again")
+        if self._on_mode is not None:
+            self._on_mode(SHARED)
+
+    def _schedule_beat(self, delay: float) -> None:
+        if self._closed:
+            return
+        if self._beat_call is not None and self._beat_call.active():
+            self._beat_call.cancel()
+        self._beat_call = self.clock.callLater(delay, self._beat)
+
+    def _beat(self) -> None:
+        self._beat_call = None
+        quiet = self.clock.seconds() - self._alive_at
+        if self.mode == SHARED and self._failures == 0 and quiet < self.options.beat * 0.9:
+            # Other calls proved this worker alive lately: no heartbeat needed yet.
+            self.backend.subscribe(self.channel, self._event)
+            self._schedule_beat(self.options.beat - quiet)
+            return
+        self._beat_in_flight = True
+        d = self._call([self.workers_key], "beat", [])
+
+        def ok(_: object) -> None:
+            self._beat_in_flight = False
+            if self.mode == FALLBACK:
+                self._resync()
+            else:
+                self.backend.subscribe(self.channel, self._event)
+            self._schedule_beat(self.options.beat)
+
+        def failed(_: object) -> None:
+            self._beat_in_flight = False
+            self._schedule_beat(self.options.probe)
+
+        d.addCallbacks(ok, failed)
+
+    # Events published by the script
+
+    def _event(self, message: str) -> None:
+        kind, _, rest = message.partition("\t")
+        scope_id, _, extra = rest.partition("\t")
+        self.event_count += 1
+        if kind == "hold":
+            now = self.clock.seconds()
+            self.last_hold_event_at = now
+            manager = self._managers.get(scope_id)
+            if manager is not None and extra:
+                # Known locally too: a request that falls back keeps to it.
+                manager.note_hold(now + float(extra))
+        if kind == "free":
+            self.freed[scope_id] = self.event_count
+        if kind == "need":
+            # Another worker found the scope full: give back what we keep for it.
+            wanted = f"{self.prefix}l:{scope_id}"
+            if any(key == wanted for _, key, _ in self._releases):
+                self._flush()
+            return
+        self.sleeps.event(kind, scope_id)
+
+    def _send_backoff(
+        self, ids: list[str], managers: list[SharedScopeManager], hold: float, age: float
+    ) -> None:
+        args = [fmt(self.options.key_ttl), str(len(ids))]
+        for manager in managers:
+            config = manager.backoff
+            args += [
+                fmt(hold),
+                fmt(max(0.0, age)),
+                fmt(manager.delay),
+                fmt(manager.crawl_delay),
+                fmt(config.delay_factor),
+                fmt(config.min_delay),
+                fmt(config.max_delay),
+                fmt(config.window),
+            ]
+        self._call(self._keys(ids), "backoff", args).addErrback(lambda _: None)
