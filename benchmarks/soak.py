@@ -28,6 +28,13 @@ Measured:
 4. a smaller crawl through the **real engine** (``benchmarks._child``, the
    in-memory download handler, one process per crawl) at 100 and 10,000
    hosts with ``THROTTLING_SCOPE_LIMIT = 1000``.
+5. the same million requests **through** ``slotkit.Downloader.fetch()``
+   (Scrapy's default downloader middlewares, the registry, the gate and
+   :class:`slotkit.testing.InMemoryDownloadHandler` on the asyncio reactor's
+   loop; no engine, no scheduler): per-request cost at 100 and 100,000
+   scopes, both patterns, limit 10,000, and RSS per chunk. Requests are
+   built in batches outside the timed part; the handler's dispatch log is
+   cleared after each batch.
 
 When a target is missed (or with ``--profile``), cProfile runs on a shorter
 round-robin soak and its top functions are printed and saved.
@@ -340,6 +347,129 @@ def engine_runs(requests: int, hosts: list[int], limit: int) -> list[dict[str, A
     return results
 
 
+# ----------------------------------------------------------------- through Downloader.fetch()
+
+IN_MEMORY = "slotkit.testing.InMemoryDownloadHandler"
+ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
+#: Requests built at a time, outside the timed part (a spider builds them, not the downloader).
+FETCH_BATCH = 10_000
+
+
+def fetch_run(
+    requests: int,
+    scopes: int,
+    limit: int,
+    window: int,
+    checkpoint: int,
+    *,
+    pattern: str = "round-robin",
+) -> dict[str, Any]:
+    """Per-request cost through ``slotkit.Downloader.fetch()``, chunk by chunk.
+
+    The real request path minus the engine and the scheduler: Scrapy's
+    default downloader middlewares, the scope registry, the gate and
+    :class:`slotkit.testing.InMemoryDownloadHandler`, on the asyncio reactor's
+    loop (what a crawl runs on). Throttling time is a Clock moved as in the
+    registry-level soak, so no delay or idle time differs between the two.
+    """
+    from scrapy.utils.reactor import install_reactor, is_reactor_installed
+
+    if not is_reactor_installed():
+        install_reactor(ASYNCIO_REACTOR)
+    import asyncio
+
+    from scrapy.utils.asyncio import is_asyncio_available  # noqa: F401  (needs the reactor)
+
+    gc.collect()
+    loop = asyncio.get_event_loop()
+    return loop.run_until_complete(
+        _fetch_soak(requests, scopes, limit, window, checkpoint, pattern)
+    )
+
+
+def _fetch_downloader(limit: int, window: int) -> tuple[Any, Clock, Any]:
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from slotkit import Downloader
+    from slotkit.testing import get_recorder
+
+    crawler = get_crawler(
+        Spider,
+        settings_dict={
+            "DOWNLOAD_HANDLERS": {"http": IN_MEMORY, "https": IN_MEMORY},
+            "THROTTLING_SCOPE_LIMIT": limit,
+            "CONCURRENT_REQUESTS": window,
+            "TELNETCONSOLE_ENABLED": False,
+            "LOG_LEVEL": "WARNING",
+        },
+    )
+    crawler.spider = crawler._create_spider("soak")
+    clock = Clock()
+    clock.advance(1_750_000_000.0)
+    return Downloader(crawler, clock=clock), clock, get_recorder(crawler)
+
+
+async def _fetch_soak(
+    requests: int, scopes: int, limit: int, window: int, checkpoint: int, pattern: str
+) -> dict[str, Any]:
+    from scrapy import Request as ScrapyRequest
+    from scrapy.utils.defer import maybe_deferred_to_future
+
+    downloader, clock, recorder = _fetch_downloader(limit, window)
+    names = scope_names(scopes)
+    order = scope_order(pattern, requests, scopes, window)
+    pending: deque[Any] = deque()
+    chunks: list[dict[str, Any]] = []
+    failed = 0
+    timed = 0.0  # seconds spent in fetch() and awaiting responses, this chunk
+    for start in range(0, requests, FETCH_BATCH):
+        end = min(requests, start + FETCH_BATCH)
+        batch = [ScrapyRequest(f"http://{names[order(n)]}/{n}") for n in range(start, end)]
+        began = time.perf_counter()
+        for number, request in enumerate(batch, start):
+            pending.append(downloader.fetch(request))
+            if len(pending) >= window:
+                response = await maybe_deferred_to_future(pending.popleft())
+                failed += response.status != 200
+            if number % 100 == 99:
+                clock.advance(100 * TICK)
+            if (number + 1) % checkpoint == 0:
+                timed += time.perf_counter() - began
+                chunks.append(
+                    {
+                        "requests": number + 1,
+                        "us_per_request": timed / checkpoint * 1e6,
+                        "rss_mib": rss_bytes() / 2**20,
+                        "live_scopes": len(downloader.registry),
+                        "evicted": downloader.registry.evicted,
+                    }
+                )
+                timed = 0.0
+                began = time.perf_counter()
+        timed += time.perf_counter() - began
+        del batch
+        # The handler's recorder logs every dispatch; the soak is not about it.
+        recorder.clear()
+    while pending:
+        response = await maybe_deferred_to_future(pending.popleft())
+        failed += response.status != 200
+    downloader.close()
+    steady = [chunk["us_per_request"] for chunk in chunks[1:]] or [chunks[0]["us_per_request"]]
+    return {
+        "scopes": scopes,
+        "pattern": pattern,
+        "requests": requests,
+        "limit": limit,
+        "created": downloader.registry.evicted + len(downloader.registry),
+        "us_per_request_median": median(steady),
+        "chunks": chunks,
+        "failed": failed,
+        "evicted": downloader.registry.evicted,
+        "live_scopes": len(downloader.registry),
+    }
+
+
 # ----------------------------------------------------------------- report
 
 
@@ -362,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=int, help="scopes for bytes per idle scope (100,000)")
     parser.add_argument("--no-engine", action="store_true", help="skip the real-engine crawls")
     parser.add_argument("--engine-requests", type=int, help="requests per engine crawl (50,000)")
+    parser.add_argument("--no-fetch", action="store_true", help="skip the Downloader.fetch() soak")
+    parser.add_argument("--fetch-requests", type=int, help="requests per fetch() soak (--requests)")
+    parser.add_argument("--fetch-reps", type=int, default=1, help="repetitions of each fetch() run")
+    parser.add_argument("--only-fetch", action="store_true", help="run only the fetch() soak")
     parser.add_argument("--profile", action="store_true", help="profile even if targets are met")
     parser.add_argument("--name", help="results/<name>.json (default soak or soak-quick)")
     args = parser.parse_args(argv)
@@ -377,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     engine_requests = args.engine_requests or (3_000 if quick else 50_000)
     engine_hosts = [100, 1_000 if quick else 10_000]
     engine_limit = 100 if quick else 1_000
+    fetch_requests = args.fetch_requests or requests
+    if args.only_fetch:
+        args.no_engine = True
     result: dict[str, Any] = {
         "argv": sys.argv,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -392,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
             "tick_s": TICK,
             "checkpoint": checkpoint,
             "reps": args.reps,
+            "fetch_requests": 0 if args.no_fetch else fetch_requests,
+            "fetch_reps": args.fetch_reps,
         },
     }
     try:
@@ -430,23 +569,95 @@ def main(argv: list[str] | None = None) -> int:
                 f"{result['engine_cost_ratio']:.2f}"
             )
 
-    print(f"\nsoak: {requests:,} requests, {small} vs {large:,} scopes, limit {limit:,}")
-    # 1. Per-request cost: the baseline, then the large soak in both patterns.
     plan = [(small, "round-robin"), (large, "round-robin"), (large, "sites")]
+    targets: dict[str, bool] = {}
+    if not args.only_fetch:
+        print(f"\nsoak: {requests:,} requests, {small} vs {large:,} scopes, limit {limit:,}")
+        # 1. Per-request cost: the baseline, then the large soak in both patterns.
+        costs = cost_reps(
+            plan,
+            args.reps,
+            lambda scopes, pattern: cost_run(
+                requests, scopes, limit, args.window, checkpoint, pattern=pattern
+            ),
+        )
+        result["cost"] = costs
+        result["cost_ratio"] = costs[1]["ratio"]
+        result["cost_ratio_sites"] = costs[2]["ratio"]
+        print(f"\nper-request cost (median over {args.reps} reps of the median chunk; GC on)")
+        cost_table(costs, small, large)
+        targets["cost_ratio"] = costs[1]["ratio"] <= COST_RATIO_TARGET
+        targets |= memory_and_idle(args, result, requests, small, large, limit, checkpoint, idle)
+
+    # 5. Through Downloader.fetch(), last: it installs the asyncio reactor here.
+    if not args.no_fetch:
+        fetch_checkpoint = max(1, fetch_requests // 10)
+        print(
+            f"\nDownloader.fetch() soak: {fetch_requests:,} requests, {small} vs {large:,} "
+            f"scopes, limit {limit:,}, {args.window} in flight (middlewares + gate + "
+            "InMemoryDownloadHandler, no engine)"
+        )
+        fetch = cost_reps(
+            plan,
+            args.fetch_reps,
+            lambda scopes, pattern: fetch_run(
+                fetch_requests, scopes, limit, args.window, fetch_checkpoint, pattern=pattern
+            ),
+        )
+        result["fetch"] = fetch
+        result["fetch_cost_ratio"] = fetch[1]["ratio"]
+        result["fetch_cost_ratio_sites"] = fetch[2]["ratio"]
+        print(f"\nper-request cost through fetch() (median over {args.fetch_reps} reps)")
+        cost_table(fetch, small, large)
+        print("RSS (MiB) per chunk through fetch():")
+        _table(
+            ["requests"] + [f"{run['scopes']:,} {run['pattern']}" for run in fetch],
+            [
+                [f"{chunk['requests']:,}"]
+                + [f"{run['chunks'][index]['rss_mib']:.0f}" for run in fetch]
+                for index, chunk in enumerate(fetch[0]["chunks"])
+            ],
+        )
+        targets["fetch_cost_ratio"] = fetch[1]["ratio"] <= COST_RATIO_TARGET
+        targets["fetch_cost_ratio_sites"] = fetch[2]["ratio"] <= COST_RATIO_TARGET
+
+    result["targets_met"] = targets
+    print("\ntargets:", ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in targets.items()))
+    if not args.only_fetch and (args.profile or not all(targets.values())):
+        profiled = min(requests, 200_000)
+        print(f"\ncProfile, {profiled:,} requests over {large:,} scopes (top by own time):")
+        text = profile_run(profiled, large, limit, args.window)  # round-robin: the worst case
+        result["profile_large"] = text
+        print("\n".join(text.splitlines()[:40]))
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    name = args.name or "-".join(
+        ["soak", *(["fetch"] if args.only_fetch else []), *(["quick"] if quick else [])]
+    )
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nwrote {path}")
+    return 0
+
+
+def cost_reps(
+    plan: list[tuple[int, str]], reps: int, run_one: Callable[[int, str], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Run every (scopes, pattern) of *plan* *reps* times; medians and ratios to the first."""
     # Repetitions take turns (rotated order), so slow drift of the machine hits every variant.
-    reps: list[list[dict[str, Any]]] = [[] for _ in plan]
-    for rep in range(args.reps):
+    runs_of: list[list[dict[str, Any]]] = [[] for _ in plan]
+    for rep in range(reps):
         for index in [(rep + offset) % len(plan) for offset in range(len(plan))]:
             scopes, pattern = plan[index]
-            run = cost_run(requests, scopes, limit, args.window, checkpoint, pattern=pattern)
-            reps[index].append(run)
+            run = run_one(scopes, pattern)
+            runs_of[index].append(run)
             print(
                 f"  rep {rep + 1}: {scopes:,} scopes {pattern}: "
-                f"{run['us_per_request_median']:.2f} µs",
+                f"{run['us_per_request_median']:.2f} µs (load {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
     costs = []
-    for runs in reps:
+    for runs in runs_of:
         values = [run["us_per_request_median"] for run in runs]
         costs.append(
             {
@@ -458,11 +669,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     for run in costs:
         run["ratio"] = run["us_per_request_median"] / costs[0]["us_per_request_median"]
-    ratio = costs[1]["ratio"]
-    result["cost"] = costs
-    result["cost_ratio"] = ratio
-    result["cost_ratio_sites"] = costs[2]["ratio"]
-    print(f"\nper-request cost (median over {args.reps} reps of the median chunk; GC on)")
+    return costs
+
+
+def cost_table(costs: list[dict[str, Any]], small: int, large: int) -> None:
     _table(
         ["scopes", "pattern", "µs/request", "min-max", "ratio", "scopes created"],
         [
@@ -478,10 +688,22 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     print(
-        f"ratio {large:,}/{small} scopes: {ratio:.2f} round-robin, "
+        f"ratio {large:,}/{small} scopes: {costs[1]['ratio']:.2f} round-robin, "
         f"{costs[2]['ratio']:.2f} sites (target <= {COST_RATIO_TARGET})"
     )
 
+
+def memory_and_idle(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    requests: int,
+    small: int,
+    large: int,
+    limit: int,
+    checkpoint: int,
+    idle: int,
+) -> dict[str, bool]:
+    """Sections 2 and 3; returns their targets."""
     # 2. Memory over time.
     memory = [
         memory_run(requests, small, limit, args.window, checkpoint),
@@ -515,28 +737,10 @@ def main(argv: list[str] | None = None) -> int:
     for site in idle_run["top_sites"]:
         print(f"    {site['bytes_per_scope']:8.0f}  {site['site']}")
 
-    # Targets, and a profile when one is missed.
-    idle_bytes = idle_run["bytes_used"]
-    targets = {
-        "cost_ratio": ratio <= COST_RATIO_TARGET,
+    return {
         "memory_flat": all(run["flat"] for run in memory),
-        "idle_scope_bytes": idle_bytes <= IDLE_BYTES_TARGET,
+        "idle_scope_bytes": idle_run["bytes_used"] <= IDLE_BYTES_TARGET,
     }
-    result["targets_met"] = targets
-    print("\ntargets:", ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in targets.items()))
-    if args.profile or not all(targets.values()):
-        profiled = min(requests, 200_000)
-        print(f"\ncProfile, {profiled:,} requests over {large:,} scopes (top by own time):")
-        text = profile_run(profiled, large, limit, args.window)  # round-robin: the worst case
-        result["profile_large"] = text
-        print("\n".join(text.splitlines()[:40]))
-
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    name = args.name or ("soak-quick" if quick else "soak")
-    path = RESULTS_DIR / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nwrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

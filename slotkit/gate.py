@@ -134,7 +134,7 @@ class Gate:
                 return None
         waiter = Waiter(request, scopes, amounts, (0, next(self._seq)))
         for scope in scopes:
-            scope.requests.add(request)
+            scope.add_request(request)
         self._dispatch(waiter, now)
         return waiter
 
@@ -160,7 +160,7 @@ class Gate:
         waiter.enqueued_at = self._clock.seconds()
         self.waiting.add(waiter)
         for scope in scopes:
-            scope.requests.add(request)
+            scope.add_request(request)
         if delay > 0:
             waiter.delay_call = self._clock.callLater(delay, self._enter, waiter)
         else:
@@ -203,8 +203,7 @@ class Gate:
         now = self._clock.seconds()
         request = ticket.request
         for scope in ticket.scopes:
-            scope.requests.discard(request)
-            scope.in_flight.discard(request)
+            scope.discard_done(request)
             scope.manager.record_done(now)
         for scope in ticket.scopes:
             self.poke(scope)
@@ -217,7 +216,7 @@ class Gate:
         if waiter.delay_call is not None and waiter.delay_call.active():
             waiter.delay_call.cancel()
         for scope in waiter.scopes:
-            scope.requests.discard(waiter.request)
+            scope.discard_request(waiter.request)
         parked = waiter.parked_on
         if parked is not None:
             parked.live_waiters -= 1
@@ -333,7 +332,7 @@ class Gate:
         request = waiter.request
         for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
             scope.manager.record_sent(now, amount)
-            scope.in_flight.add(request)
+            scope.add_in_flight(request)
         if self._on_dispatch is not None:
             self._on_dispatch(waiter, now)
 

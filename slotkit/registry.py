@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,6 +29,16 @@ __all__ = ["Scope", "ScopeRegistry"]
 #: How many idle candidates one creation may evict; bounds the work per request.
 EVICTION_SCAN = 8
 
+#: What ``Scope.requests`` and ``Scope.in_flight`` hold while empty. An idle
+#: scope keeps no set of its own: two empty sets would cost 432 bytes a scope,
+#: about half of an idle scope. The price is a set made and dropped per busy
+#: period (measured: 7% more instructions per request through the gate alone).
+NO_REQUESTS: frozenset[Any] = frozenset()
+
+#: Shared rather than written as ``-math.inf`` in ``__init__``, which would
+#: allocate a new float for every scope.
+NEVER = -math.inf
+
 
 class Scope:
     """One live throttling scope: a manager plus the gate's bookkeeping."""
@@ -36,6 +47,7 @@ class Scope:
         "capped_logged",
         "id",
         "in_flight",
+        "keeps_sets",
         "kind",
         "last_used",
         "live_waiters",
@@ -61,14 +73,17 @@ class Scope:
         #: The one pending wake-up of this scope, if any.
         self.timer: IDelayedCall | None = None
         #: Requests of this scope waiting at the gate or in flight (``Slot.active``).
-        self.requests: set[Request] = set()
-        #: Requests of this scope in flight (``Slot.transferring``).
-        self.in_flight: set[Request] = set()
+        #: Read-only for everyone: the gate changes it through the methods below.
+        self.requests: AbstractSet[Request] = NO_REQUESTS
+        #: Requests of this scope in flight (``Slot.transferring``), same rules.
+        self.in_flight: AbstractSet[Request] = NO_REQUESTS
+        #: The two sets were handed out and stay this scope's own (:meth:`keep_sets`).
+        self.keeps_sets = False
         #: When the current backoff step (or hold) began; responses to requests
         #: dispatched earlier do not advance the backoff again.
-        self.step_started_at = -math.inf
+        self.step_started_at = NEVER
         #: When a request last asked for this scope (set by the registry).
-        self.last_used = -math.inf
+        self.last_used = NEVER
         #: Whether "hint capped" was logged in the current backoff episode.
         self.capped_logged = False
         #: A request of this scope hit the re-send bound (see :mod:`slotkit.resend`).
@@ -79,6 +94,61 @@ class Scope:
     def is_busy(self) -> bool:
         """True while the gate holds anything of this scope."""
         return bool(self.requests) or self.live_waiters > 0
+
+    # The two request sets: the shared empty frozenset while empty, a set of
+    # the scope's own while not. The set is dropped again once it empties, so
+    # an idle scope costs nothing for them, however busy it once was; unless
+    # someone may hold it (``Slot.active``), see :meth:`keep_sets`.
+
+    def add_request(self, request: Request) -> None:
+        """*request* now waits at the gate for this scope (or is in flight)."""
+        requests = self.requests
+        if requests is NO_REQUESTS:
+            self.requests = {request}
+        else:
+            requests.add(request)  # type: ignore[attr-defined]  # not the sentinel: our own set
+
+    def add_in_flight(self, request: Request) -> None:
+        """*request* (already in :attr:`requests`) was dispatched."""
+        in_flight = self.in_flight
+        if in_flight is NO_REQUESTS:
+            self.in_flight = {request}
+        else:
+            in_flight.add(request)  # type: ignore[attr-defined]
+
+    def discard_request(self, request: Request) -> None:
+        """*request* left the gate without being dispatched (cancelled)."""
+        requests = self.requests
+        if requests:
+            requests.discard(request)  # type: ignore[attr-defined]
+            if not requests and not self.keeps_sets:
+                self.requests = NO_REQUESTS
+
+    def discard_done(self, request: Request) -> None:
+        """*request* finished: it leaves both sets."""
+        requests = self.requests
+        if requests:
+            requests.discard(request)  # type: ignore[attr-defined]
+            if not requests and not self.keeps_sets:
+                self.requests = NO_REQUESTS
+        in_flight = self.in_flight
+        if in_flight:
+            in_flight.discard(request)  # type: ignore[attr-defined]
+            if not in_flight and not self.keeps_sets:
+                self.in_flight = NO_REQUESTS
+
+    def keep_sets(self) -> None:
+        """Give the scope sets of its own for good: a caller is about to hold one.
+
+        ``Slot.active`` is a live set in Scrapy (len() follows the downloader
+        after the caller took it), so once it was handed out, it must not be
+        swapped for the sentinel when it empties.
+        """
+        self.keeps_sets = True
+        if self.requests is NO_REQUESTS:
+            self.requests = set()
+        if self.in_flight is NO_REQUESTS:
+            self.in_flight = set()
 
     def __repr__(self) -> str:
         manager = self.manager
@@ -125,16 +195,16 @@ class ScopeRegistry:
         before the request has even reached the gate.
         """
         now = self._clock.seconds()
+        live = self._scopes
         scopes = []
         created = False
         for scope_id in scope_ids:
-            scope = self._scopes.get(scope_id)
+            scope = live.get(scope_id)
             if scope is None:
-                scope = self._factory(scope_id)
-                self._scopes[scope_id] = scope
+                scope = live[scope_id] = self._factory(scope_id)
                 created = True
             else:
-                self._scopes.move_to_end(scope_id)
+                live.move_to_end(scope_id)
             scope.last_used = now
             scopes.append(scope)
         if created:
@@ -145,39 +215,62 @@ class ScopeRegistry:
         """Return the live scope *scope_id* without creating or touching it."""
         return self._scopes.get(scope_id)
 
-    def _evictable(self, scope: Scope, now: float, max_idle: float) -> bool:
-        return (
-            not scope.is_busy()
-            and now - scope.last_used >= max_idle
-            and scope.manager.is_idle(now, max_idle)
-        )
-
     def _evict(self, now: float, protected: int) -> None:
         """Drop scopes from the old end: over the limit any idle one, else the long-idle ones.
 
         The *protected* youngest scopes (the ones just asked for) are never
         candidates. At most :data:`EVICTION_SCAN` candidates are examined;
         busy ones are moved to the young end, since their activity makes them
-        recent anyway.
+        recent anyway. This runs once per created scope, so in a broad crawl
+        once per request: the cheap tests (busy, age) come before the
+        manager is asked.
         """
-        for _ in range(min(EVICTION_SCAN, len(self._scopes) - protected)):
-            over_limit = 0 < self.limit < len(self._scopes)
-            if not over_limit and not self.max_idle:
-                return
-            scope_id, scope = next(iter(self._scopes.items()))
-            if self._evictable(scope, now, 0.0 if over_limit else self.max_idle):
-                del self._scopes[scope_id]
-                self.evicted += 1
-                if scope.timer is not None and scope.timer.active():
-                    scope.timer.cancel()
-                if self._on_evict is not None:
-                    self._on_evict(scope)
-            elif over_limit or scope.is_busy() or now - scope.last_used >= self.max_idle:
-                # Busy, or unused long enough but still held or backing off: keep it
-                # without letting it stop the scan of the scopes behind it.
-                self._scopes.move_to_end(scope_id)
+        live = self._scopes
+        budget = len(live) - protected
+        if budget > EVICTION_SCAN:
+            budget = EVICTION_SCAN
+        limit = self.limit
+        # Over the limit: the oldest goes if idle at all, else to the young end.
+        # Once under it, nothing in this pass brings the count back over.
+        while budget > 0 and 0 < limit < len(live):
+            budget -= 1
+            scope_id, scope = live.popitem(last=False)
+            if (
+                not scope.requests
+                and not scope.live_waiters
+                and now - scope.last_used >= 0.0
+                and scope.manager.is_idle(now, 0.0)
+            ):
+                self._dropped(scope)
             else:
-                return  # the oldest idle scope is not old enough: none younger is
+                live[scope_id] = scope
+        max_idle = self.max_idle
+        if not max_idle:
+            return
+        while budget > 0:
+            budget -= 1
+            scope_id, scope = next(iter(live.items()))
+            busy = bool(scope.requests) or scope.live_waiters > 0
+            if now - scope.last_used < max_idle:
+                if not busy:
+                    return  # the oldest idle scope is not old enough: none younger is
+                live.move_to_end(scope_id)
+            elif not busy and scope.manager.is_idle(now, max_idle):
+                del live[scope_id]
+                self._dropped(scope)
+            else:
+                # Unused long enough but still held or backing off: keep it
+                # without letting it stop the scan of the scopes behind it.
+                live.move_to_end(scope_id)
+
+    def _dropped(self, scope: Scope) -> None:
+        """*scope* left the registry: stop its timer and tell the owner."""
+        self.evicted += 1
+        timer = scope.timer
+        if timer is not None and timer.active():
+            timer.cancel()
+        if self._on_evict is not None:
+            self._on_evict(scope)
 
     @property
     def live(self) -> Mapping[str, Scope]:

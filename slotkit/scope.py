@@ -30,6 +30,12 @@ __all__ = ["ThrottlingScopeManager"]
 #: about 2.5 KB of state, more than the rest of the scope together.
 SHARED_RNG = random.Random()
 
+#: Module constants so that a new manager allocates nothing for them: the
+#: expression ``-math.inf`` makes a new float each time, and ``BackoffConfig``
+#: is frozen, so one default instance serves every scope.
+NEVER = -math.inf
+DEFAULT_BACKOFF = BackoffConfig()
+
 
 @implementer(IThrottlingScopeManager)
 class ThrottlingScopeManager:
@@ -87,25 +93,28 @@ class ThrottlingScopeManager:
         window: float = 60.0,
         rampup: RampupConfig | None = None,
     ) -> None:
-        self.min_concurrency = max(1, min_concurrency)
+        # A broad crawl builds one manager per request (scope created, another
+        # evicted), so this stays plain stores: no max(), no new objects.
+        floor = min_concurrency if min_concurrency > 1 else 1
+        self.min_concurrency = floor
         #: The ceiling rampup may raise concurrency to (the configured concurrency).
-        self.max_concurrency = max(self.min_concurrency, concurrency)
-        self.concurrency = self.max_concurrency
+        self.max_concurrency = ceiling = concurrency if concurrency > floor else floor
+        self.concurrency = ceiling
         self.quota = None if quota is None else Quota(quota, window)
         self.rampup = None if rampup is None else Rampup(rampup)
-        if self.rampup is not None:
+        if rampup is not None:
             # Rampup probes upwards: start at the floor, climb while the site allows.
-            self.concurrency = self.min_concurrency
+            self.concurrency = floor
         self.delay = delay
         self.jitter = jitter
         self.active = 0
         #: When the last request was dispatched (``None`` before the first).
         self.last_sent: float | None = None
         self.last_done: float | None = None
-        self.hold_until = -math.inf
-        self._rng: Uniform = rng if rng is not None else SHARED_RNG
+        self.hold_until = NEVER
+        self._rng: Uniform = SHARED_RNG if rng is None else rng
         self._factor = 1.0  # jitter factor drawn at the last dispatch
-        self.backoff = backoff if backoff is not None else BackoffConfig()
+        self.backoff = DEFAULT_BACKOFF if backoff is None else backoff
         #: The backoff delay, or ``None`` when the scope is not backing off.
         self.backoff_delay: float | None = None
         #: When the backoff next drops one step (if no new trigger comes).
@@ -225,12 +234,20 @@ class ThrottlingScopeManager:
         self.max_concurrency = max(self.max_concurrency, self.concurrency)
 
     def is_idle(self, now: float, max_idle: float) -> bool:
-        self._settle(now)
-        if self.active or self.backoff_delay is not None or now < self.next_allowed:
+        # Asked of the oldest scope at every scope creation: the common answer
+        # (a plain idle scope) takes no property and no max().
+        if self.backoff_delay is not None or self.rampup is not None:
+            self._settle(now)  # nothing else to settle
+        if self.active or self.backoff_delay is not None or now < self.hold_until:
             return False
+        last_sent = self.last_sent
+        if last_sent is not None and now < last_sent + self.delay * self._factor:
+            return False  # the gap after the last dispatch still runs
         if self.quota is not None and self.quota.used(now) > 0:
             return False  # forgetting spent quota would let the next window overspend
-        last = max(self.last_sent or -math.inf, self.last_done or -math.inf)
+        last = self.last_done or NEVER
+        if last_sent and last_sent > last:
+            last = last_sent
         return now - last >= max_idle
 
     # Saving and restoring (JOBDIR), see slotkit.persistence

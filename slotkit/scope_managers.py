@@ -33,15 +33,18 @@ def create_scope_manager(crawler: Crawler, config: ScopeConfig) -> Any:
     """Instantiate the scope manager for one scope from its resolved *config*."""
     cls = config.manager
     if cls is None or cls is ThrottlingScopeManager:
+        # Positional: a broad crawl comes here once per request, and binding
+        # nine keywords costs more than the rest of the call.
         return ThrottlingScopeManager(
-            concurrency=config.concurrency,
-            delay=config.delay,
-            jitter=config.jitter,
-            min_concurrency=config.min_concurrency,
-            backoff=config.backoff,
-            quota=config.quota,
-            window=config.window,
-            rampup=config.rampup,
+            config.concurrency,
+            config.delay,
+            config.jitter,
+            config.min_concurrency,
+            None,  # rng: the shared one
+            config.backoff,
+            config.quota,
+            config.window,
+            config.rampup,
         )
     factory = getattr(cls, "from_crawler", None)
     if factory is not None:

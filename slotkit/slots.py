@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,14 +38,18 @@ class SlotView:
         return self._scope.id
 
     @property
-    def active(self) -> set[Request]:
-        """Requests of the scope waiting at the gate or in flight."""
-        return self._scope.requests
+    def active(self) -> AbstractSet[Request]:
+        """Requests of the scope waiting at the gate or in flight (live; read-only)."""
+        scope = self._scope
+        scope.keep_sets()  # the caller may keep it: it must stay the scope's set
+        return scope.requests
 
     @property
-    def transferring(self) -> set[Request]:
-        """Requests of the scope in flight."""
-        return self._scope.in_flight
+    def transferring(self) -> AbstractSet[Request]:
+        """Requests of the scope in flight (live and read-only, like :attr:`active`)."""
+        scope = self._scope
+        scope.keep_sets()
+        return scope.in_flight
 
     @property
     def queue(self) -> deque[tuple[Request, None]]:

@@ -8,7 +8,7 @@ from scrapy import Request
 from twisted.internet.task import Clock
 
 from slotkit.gate import Gate
-from slotkit.registry import EVICTION_SCAN, Scope, ScopeRegistry
+from slotkit.registry import EVICTION_SCAN, NO_REQUESTS, Scope, ScopeRegistry
 from slotkit.scope import ThrottlingScopeManager
 
 MAX_IDLE = 3600.0
@@ -314,3 +314,29 @@ def test_scope_repr_tolerates_duck_typed_managers():
     assert "active=0/?" in repr(scope)
     assert "delay=?" in repr(scope)
     assert not math.isnan(scope.live_waiters)
+
+
+# ----------------------------------------------------------------- request sets
+
+
+def test_an_idle_scope_holds_no_request_sets_of_its_own():
+    """The request sets are the shared empty one before a request and again after it ends."""
+    clock = Clock()
+    gate = Gate(clock)
+    registry, _, _, _ = make_registry(clock)
+    scope = registry.get("example.com")
+    assert scope.requests is NO_REQUESTS
+    assert scope.in_flight is NO_REQUESTS
+    first, second = Request("https://example.com/1"), Request("https://example.com/2")
+    ticket = gate.try_acquire(first, [scope], [None])
+    assert ticket is not None
+    waiting = gate.acquire(second, [scope], [None])  # concurrency 1: parked
+    assert scope.requests == {first, second}
+    assert scope.in_flight == {first}
+    waiting.cancel()
+    waiting.addErrback(lambda failure: None)
+    assert scope.requests == {first}
+    gate.release(ticket)
+    assert scope.requests is NO_REQUESTS
+    assert scope.in_flight is NO_REQUESTS
+    assert not scope.is_busy()

@@ -374,3 +374,55 @@ def test_repr_shows_live_state():
     assert "active=2/4" in text
     assert "delay=2.25s" in text
     assert "hold_until=6.00" in text
+
+
+def _reference_is_idle(manager: ThrottlingScopeManager, now: float, max_idle: float) -> bool:
+    """is_idle as first written, through the public properties (its fast path must agree)."""
+    manager._settle(now)
+    if manager.active or manager.backoff_delay is not None or now < manager.next_allowed:
+        return False
+    if manager.quota is not None and manager.quota.used(now) > 0:
+        return False
+    last = max(manager.last_sent or -math.inf, manager.last_done or -math.inf)
+    return now - last >= max_idle
+
+
+def _scenario(kind: str) -> ThrottlingScopeManager:
+    """A manager in one of several states, built the same way each call."""
+    from slotkit.rampup import RampupConfig
+
+    rampup = RampupConfig(target=(1, 1), delay_factor=0.5, min_delay=0.0, window=5.0)
+    manager = ThrottlingScopeManager(
+        concurrency=2,
+        delay=1.0,
+        jitter=(-0.5, 0.5),
+        rng=random.Random(7),
+        quota=3.0 if kind == "quota" else None,
+        window=10.0,
+        rampup=rampup if kind == "rampup" else None,
+    )
+    if kind == "fresh":
+        return manager
+    manager.record_sent(1.0)
+    if kind != "in_flight":
+        manager.record_done(1.5)
+    if kind == "backoff":
+        manager.record_backoff(None, 2.0)
+    elif kind == "hold":
+        manager.record_backoff(30.0, 2.0)
+    return manager
+
+
+@pytest.mark.parametrize(
+    "kind", ["fresh", "sent", "in_flight", "backoff", "hold", "quota", "rampup"]
+)
+def test_is_idle_agrees_with_its_reference(kind: str):
+    """The shortcut is_idle gives the same answer as the plain formula, at any time."""
+    for now in [0.0, 1.0, 1.2, 1.5, 1.9, 2.5, 3.0, 11.0, 40.0, 100.0, 500.0, 5000.0]:
+        for max_idle in (0.0, 10.0, 3600.0):
+            fast, slow = _scenario(kind), _scenario(kind)
+            assert fast.is_idle(now, max_idle) == _reference_is_idle(slow, now, max_idle), (
+                kind,
+                now,
+                max_idle,
+            )

@@ -69,6 +69,20 @@ def test_active_is_live_not_a_copy():
     assert len(active) == 0
 
 
+def test_active_stays_live_across_idle_periods():
+    """Once handed out, slot.active and slot.transferring follow every later request too."""
+    slot, scope, gate, _ = make_slot()
+    active, transferring = slot.active, slot.transferring
+    for name in ("a", "b"):
+        request, deferred = acquire(gate, scope, name)
+        assert request in active
+        assert request in transferring
+        gate.release(deferred.result)
+        assert len(active) == len(transferring) == 0
+    assert scope.requests is active
+    assert scope.in_flight is transferring
+
+
 def test_delay_get_and_set_repokes_the_scope():
     """Writing slot.delay (as AutoThrottle does) changes the scope's delay and re-arms its timer."""
     slot, scope, gate, clock = make_slot(delay=TEN_DELAY)

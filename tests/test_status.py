@@ -46,9 +46,9 @@ def occupy(scope: Scope, in_flight: int = 0, waiting: int = 0) -> None:
     """Fill the gate's bookkeeping of *scope* as if requests were there."""
     for index in range(in_flight + waiting):
         request = Request(f"https://{scope.id}/{index}")
-        scope.requests.add(request)
+        scope.add_request(request)
         if index < in_flight:
-            scope.in_flight.add(request)
+            scope.add_in_flight(request)
 
 
 class CaptureLog(logging.Handler):
