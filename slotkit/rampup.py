@@ -6,8 +6,10 @@ of each window in which the scope sent something:
 * fewer backoff triggers than the target's low end → one step up: lower the
   delay by ``delay_factor`` down to ``min_delay``; once there, raise the
   concurrency by one up to the configured maximum;
-* within the target → hold;
-* above it → nothing here: the triggers themselves already backed off.
+* within the target → hold: triggers up to the target's high end do not
+  back the scope off (:meth:`ThrottlingScopeManager.record_backoff` asks
+  :meth:`Rampup.within_target`);
+* above it → each further trigger takes a normal backoff step.
 
 No step is taken while the scope is backing off. The arithmetic is pure:
 :meth:`Rampup.settle` is told the time and reports what changed.
@@ -59,6 +61,14 @@ class Rampup:
 
     def record_trigger(self) -> None:
         self.triggers += 1
+
+    def within_target(self) -> bool:
+        """Whether this window's triggers are still no more than the target's high end.
+
+        Up to there the scope holds its rate; only triggers beyond the target
+        let normal backoff slow it down.
+        """
+        return self.triggers <= self.config.target[1]
 
     def settle(
         self,

@@ -193,6 +193,11 @@ class ThrottlingScopeManager:
         if delay is not None:
             if delay > 0:
                 self.hold_until = max(self.hold_until, now + delay)
+        elif self.rampup is not None and self.rampup.within_target():
+            # Rampup aims at its target of triggers per window: that many is
+            # the price of probing, so the rate holds (the window will not step
+            # up either). Only triggers beyond the target back the scope off.
+            pass
         else:
             config = self.backoff
             self.backoff_delay = next_backoff(

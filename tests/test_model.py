@@ -248,8 +248,16 @@ class SpyManager:
         if delay is None:
             real.can_send(now)  # settle recovery due by now, as record_backoff itself does
             before = real.current_delay
+            backoff_before = real.backoff_delay
         real.record_backoff(delay, now)
-        if delay is None:
+        if delay is None and real.rampup is not None and real.rampup.within_target():
+            # Rampup: triggers up to the target's high end per window hold the rate.
+            if real.backoff_delay != backoff_before:
+                self.machine.fail(
+                    f"{self.scope_id}: a trigger within the rampup target changed the "
+                    f"backoff from {backoff_before} to {real.backoff_delay}"
+                )
+        elif delay is None:
             config = real.backoff
             expected = next_backoff(before, config.delay_factor, config.min_delay, config.max_delay)
             if real.backoff_delay != expected:

@@ -93,11 +93,34 @@ def test_no_step_during_backoff() -> None:
     """While a backoff is active, quiet windows do not ramp up."""
     scope = rampup_scope(window=WINDOW)
     send(scope, 0.0)
-    scope.record_backoff(None, now=0.5)  # backoff 2.0 (delay 1.0 doubled), recovers at 10.5
+    scope.record_backoff(None, now=0.4)  # at the target (1): holds, no step
+    scope.record_backoff(None, now=0.5)  # beyond it: backoff 2.0, recovers at 10.5
     send(scope, 5.0)
     scope.can_send(WINDOW + 0.1)  # window [0, 10) had a trigger: hold; still backing off
     assert scope.delay == 1.0
     assert scope.backoff_delay == 2.0
+
+
+def test_triggers_within_the_target_do_not_back_off() -> None:
+    """Up to the target's high end a window's triggers hold the rate; the next one backs off."""
+    scope = rampup_scope(target=(1, 3))
+    send(scope, 0.0)
+    for t in (1.0, 2.0, 3.0):
+        scope.record_backoff(None, now=t)
+        assert scope.backoff_delay is None
+        assert scope.current_delay == 1.0
+    scope.record_backoff(None, now=4.0)
+    assert scope.backoff_delay == 2.0
+
+
+def test_each_window_gets_its_own_target() -> None:
+    """The count starts again in the next window: one trigger there holds again."""
+    scope = rampup_scope(target=(1, 1))
+    send(scope, 0.0)
+    scope.record_backoff(None, now=1.0)
+    send(scope, WINDOW + 1.0)
+    scope.record_backoff(None, now=WINDOW + 2.0)
+    assert scope.backoff_delay is None
 
 
 def test_idle_window_teaches_nothing() -> None:
