@@ -50,6 +50,8 @@ from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -144,6 +146,8 @@ class Downloader:
         self._sync_scopes = not inspect.iscoroutinefunction(self._get_scopes)
         # The stock manager's scopes can be computed without the awaitable wrapper.
         self._default_get_scopes = type(self.manager).get_scopes is ThrottlingManager.get_scopes
+        #: THROTTLING_DEBUG only: recoveries already logged, per scope id.
+        self._recoveries_seen: dict[str, int] = {}
 
     @property
     def clock(self) -> IReactorTime:
@@ -501,6 +505,28 @@ class Downloader:
     def _dispatched(self, waiter: Waiter, now: float) -> None:
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
+            self._log_recoveries(waiter.scopes)
+
+    def _log_recoveries(self, scopes: Sequence[Scope]) -> None:
+        """THROTTLING_DEBUG: say when a scope stepped back from its backoff.
+
+        Scope managers are pure and do not log; a recovery is applied when
+        the scope is next asked, so the dispatch that follows is where it
+        shows.
+        """
+        for scope in scopes:
+            recoveries = getattr(scope.manager, "recoveries", None)
+            if not isinstance(recoveries, int):
+                continue
+            seen = self._recoveries_seen.get(scope.id, 0)
+            if recoveries > seen:
+                logger.debug(
+                    "slotkit: scope %r recovered %d backoff step(s): %r",
+                    scope.id,
+                    recoveries - seen,
+                    scope.manager,
+                )
+            self._recoveries_seen[scope.id] = recoveries
 
 
 def _needs_await(value: Any) -> bool:

@@ -113,6 +113,7 @@ async def test_recovery_after_quiet_window(mock_site: MockSite) -> None:
         "BACKOFF_WINDOW": 0.5,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
         "RETRY_ENABLED": True,
+        "THROTTLING_DEBUG": True,
     }
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 8))
     arrivals = mock_site.recorder.arrivals(HOST)
@@ -122,6 +123,7 @@ async def test_recovery_after_quiet_window(mock_site: MockSite) -> None:
     assert gaps[0] >= 0.3 - 0.08
     assert min(gaps[-3:]) < 0.1  # recovered: back to no delay
     assert result.stats["throttling/backoff/recoveries"] >= 1
+    assert f"scope '{HOST}' recovered 1 backoff step(s)" in result.log_text  # THROTTLING_DEBUG
 
 
 @pytest_twisted.ensureDeferred
