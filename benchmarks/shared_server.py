@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from slotkit.shared.redis_process import free_port, start_redis
 
 __all__ = ["Recorder", "Redis", "free_port"]
 
@@ -91,12 +91,6 @@ class Recorder:
 # --------------------------------------------------------------------------- redis-server
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Redis:
     def __init__(self) -> None:
         self.port = free_port()
@@ -107,30 +101,10 @@ class Redis:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("redis-server not found: apt-get install -y redis-server")
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise SystemExit("redis-server did not start")
+        try:
+            self.proc = start_redis(binary, self.port, self.dir)
+        except RuntimeError as exc:
+            raise SystemExit(str(exc)) from None
 
     @property
     def url(self) -> str:

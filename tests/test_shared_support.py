@@ -1,22 +1,23 @@
 """Helpers for the shared-throttling tests: a throwaway ``redis-server`` on loopback.
 
 No test lives here. :func:`redis_server` starts ``redis-server`` on a free
-port of 127.0.0.1 with persistence off, in a temporary directory, and kills
-it afterwards. If the binary is missing, it tries the Debian package once
-(as root); the tests skip, saying why, only when that is impossible.
+port of 127.0.0.1 (:func:`slotkit.shared.redis_process.start_redis`) in a
+temporary directory, and kills it afterwards. If the binary is missing, it
+tries the Debian package once (as root); the tests skip, saying why, only
+when that is impossible.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from slotkit.shared.redis_process import free_port, start_redis
 
 _INSTALL_TRIED: list[str] = []
 
@@ -37,12 +38,6 @@ def _find_redis_server() -> str | None:
     return shutil.which("redis-server")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class RedisServer:
     """One ``redis-server`` process on 127.0.0.1 that a test can kill, freeze and restart."""
 
@@ -57,33 +52,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        self.process = start_redis(self.binary, self.port, self.directory)
 
     def kill(self) -> None:
         if self.process is not None:
