@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
-from scrapy.utils.misc import load_object
 
 from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
 from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
 from slotkit.migration import AutoThrottleMapping, autothrottle_mapping
 from slotkit.rampup import RampupConfig
+from slotkit.scope_entries import (
+    RESERVED_SCOPE_KEYS,
+    SCOPE_KEYS,
+    load_class,
+    parse_target,
+    positive,
+    slot_entry,
+    validate_scope_entry,
+)
 from slotkit.validation import (
     NO_JITTER,
     Jitter,
@@ -31,7 +38,6 @@ from slotkit.validation import (
     _number,
     as_bool,
     parse_jitter,
-    unknown_key,
 )
 
 if TYPE_CHECKING:
@@ -40,36 +46,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("slotkit")
 
 __all__ = [
+    "RESERVED_SCOPE_KEYS",
+    "SCOPE_KEYS",
     "Jitter",
     "ScopeConfig",
     "ThrottlingSettings",
     "SettingsError",
     "parse_jitter",
 ]
-
-#: Keys a ``THROTTLING_SCOPES`` entry may carry.
-SCOPE_KEYS = frozenset(
-    {
-        "concurrency",
-        "min_concurrency",
-        "delay",
-        "jitter",
-        "manager",
-        "backoff",
-        "quota",
-        "window",
-        "rampup",
-        "ignore_robots_txt",
-    }
-)
-#: Keys that belong to features this release does not have yet. They are
-#: refused rather than accepted and ignored, which would be a silent lie.
-RESERVED_SCOPE_KEYS: frozenset[str] = frozenset()
-#: Keys of a scope's ``"rampup"`` dict.
-RAMPUP_KEYS = frozenset({"backoff_target", "delay_factor", "min_delay"})
-
-#: ``DOWNLOAD_SLOTS`` keys Scrapy 2.19 understands.
-SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
 
 
 def _dict_setting(settings: BaseSettings, name: str) -> Any:
@@ -83,27 +67,6 @@ def _dict_setting(settings: BaseSettings, name: str) -> Any:
                 f"{name} must be a dict, or JSON text of one (got {_describe(value)})"
             ) from None
     return value
-
-
-def _positive(where: str, value: object) -> float:
-    number = _number(where, value)
-    if number <= 0:
-        raise SettingsError(f"{where} must be a number > 0 (got {_describe(value)})")
-    return number
-
-
-def _load_class(where: str, value: object) -> type:
-    if isinstance(value, type):
-        return value
-    if not isinstance(value, str):
-        raise SettingsError(f"{where} must be a class or an import path (got {_describe(value)})")
-    try:
-        loaded = load_object(value)
-    except Exception as exc:  # any import-time failure is the setting's fault
-        raise SettingsError(f"{where} could not be imported from {value!r}: {exc}") from None
-    if not isinstance(loaded, type):
-        raise SettingsError(f"{where} must name a class (got {_describe(loaded)})")
-    return loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,136 +113,6 @@ class ScopeConfig:
                 "window": self.rampup.window,
             },
         }
-
-
-def _validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str, Any]:
-    """Check one ``THROTTLING_SCOPES`` entry; return it with values normalised."""
-    if not isinstance(scope, str) or not scope:
-        raise SettingsError(f"{setting} keys must be non-empty scope ids (got {_describe(scope)})")
-    where = f"{setting}[{scope!r}]"
-    if not isinstance(entry, Mapping):
-        raise SettingsError(
-            f"{where} must be a dict of scope options such as "
-            f"{{'concurrency': 2, 'delay': 1.0}} (got {_describe(entry)})"
-        )
-    result: dict[str, Any] = {}
-    for key, value in entry.items():
-        if key in RESERVED_SCOPE_KEYS:
-            raise SettingsError(
-                f"{where}[{key!r}] is not supported by this version of slotkit yet "
-                f"(got {_describe(value)}); accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
-            )
-        if key not in SCOPE_KEYS:
-            raise unknown_key(where, key, SCOPE_KEYS)
-        if key == "concurrency":
-            result[key] = _integer(f"{where}['concurrency']", value, minimum=1)
-        elif key == "min_concurrency":
-            result[key] = _integer(f"{where}['min_concurrency']", value, minimum=1)
-        elif key == "delay":
-            result[key] = _number(f"{where}['delay']", value)
-        elif key == "jitter":
-            result[key] = parse_jitter(f"{where}['jitter']", value)
-        elif key == "manager":
-            result[key] = _load_class(f"{where}['manager']", value)
-        elif key == "backoff":
-            result[key] = value  # checked against the BACKOFF_* defaults by ThrottlingSettings
-        elif key == "quota":
-            result[key] = _number(f"{where}['quota']", value)
-            if result[key] <= 0:
-                raise SettingsError(
-                    f"{where}['quota'] must be a number > 0 (got {_describe(value)})"
-                )
-        elif key == "window":
-            result[key] = _number(f"{where}['window']", value)
-            if result[key] <= 0:
-                raise SettingsError(
-                    f"{where}['window'] must be a number > 0 (got {_describe(value)})"
-                )
-        elif key == "rampup":
-            result[key] = _rampup_entry(f"{where}['rampup']", value)
-        elif key == "ignore_robots_txt":
-            if not isinstance(value, bool):
-                raise SettingsError(
-                    f"{where}['ignore_robots_txt'] must be True or False (got {_describe(value)})"
-                )
-            result[key] = value
-    if result.get("min_concurrency", 1) > result.get("concurrency", math.inf):
-        raise SettingsError(
-            f"{where}['min_concurrency'] ({result['min_concurrency']}) must not exceed "
-            f"its concurrency ({result['concurrency']})"
-        )
-    return result
-
-
-def parse_target(where: str, value: object) -> tuple[int, int]:
-    """A rampup backoff target: an int, or a ``[low, high]`` range."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
-            raise SettingsError(
-                f"{where} must be an integer or a [low, high] pair (got {_describe(value)})"
-            )
-        low = _integer(f"{where}[0]", value[0], minimum=0)
-        high = _integer(f"{where}[1]", value[1], minimum=low)
-        return (low, high)
-    target = _integer(where, value, minimum=0)
-    return (target, target)
-
-
-def _rampup_entry(where: str, value: object) -> dict[str, Any] | None:
-    """Check a scope's ``"rampup"`` value: a bool, or a dict of overrides."""
-    if isinstance(value, bool):
-        return {} if value else None
-    if not isinstance(value, Mapping):
-        raise SettingsError(
-            f"{where} must be True, False or a dict with keys from "
-            f"{', '.join(sorted(RAMPUP_KEYS))} (got {_describe(value)})"
-        )
-    result: dict[str, Any] = {}
-    for key, item in value.items():
-        if key not in RAMPUP_KEYS:
-            raise unknown_key(where, key, RAMPUP_KEYS)
-        if key == "backoff_target":
-            result[key] = parse_target(f"{where}['backoff_target']", item)
-        elif key == "delay_factor":
-            factor = _number(f"{where}['delay_factor']", item)
-            if not 0 < factor < 1:
-                raise SettingsError(
-                    f"{where}['delay_factor'] must be a number between 0 and 1, exclusive "
-                    f"(got {_describe(item)})"
-                )
-            result[key] = factor
-        else:
-            result[key] = _number(f"{where}['min_delay']", item)
-    return result
-
-
-def _slot_entry(key: str, entry: object) -> dict[str, Any]:
-    """Map a ``DOWNLOAD_SLOTS`` entry onto scope options."""
-    where = f"DOWNLOAD_SLOTS[{key!r}]"
-    if not isinstance(entry, Mapping):
-        raise SettingsError(f"{where} must be a dict (got {_describe(entry)})")
-    result: dict[str, Any] = {}
-    for name, value in entry.items():
-        if name not in SLOT_KEYS:
-            # Scrapy ignores unknown DOWNLOAD_SLOTS keys, and configs that work with
-            # the stock downloader must keep working: warn instead of failing.
-            logger.warning(
-                "%s has an unknown key %r%s; ignored, as Scrapy does (accepted keys: %s)",
-                where,
-                name,
-                _closest(str(name), SLOT_KEYS),
-                ", ".join(sorted(SLOT_KEYS)),
-            )
-            continue
-        if name == "concurrency":
-            result["concurrency"] = _integer(f"{where}['concurrency']", value, minimum=1)
-        elif name == "delay":
-            result["delay"] = _number(f"{where}['delay']", value)
-        elif name == "jitter":
-            result["jitter"] = parse_jitter(f"{where}['jitter']", value)
-        elif name == "randomize_delay" and "jitter" not in entry:
-            result["jitter"] = parse_jitter(f"{where}['randomize_delay']", bool(value))
-    return result
 
 
 def _default_jitter(settings: BaseSettings) -> Jitter:
@@ -389,13 +222,13 @@ class ThrottlingSettings:
                 f"(got {_describe(raw_scopes)})"
             )
         scopes = {
-            scope: _validate_scope_entry("THROTTLING_SCOPES", scope, entry)
+            scope: validate_scope_entry("THROTTLING_SCOPES", scope, entry)
             for scope, entry in raw_scopes.items()
         }
         raw_slots = _dict_setting(settings, "DOWNLOAD_SLOTS")
         if not isinstance(raw_slots, Mapping):
             raise SettingsError(f"DOWNLOAD_SLOTS must be a dict (got {_describe(raw_slots)})")
-        slots = {str(key): _slot_entry(str(key), entry) for key, entry in raw_slots.items()}
+        slots = {str(key): slot_entry(str(key), entry) for key, entry in raw_slots.items()}
         manager = settings.get("THROTTLING_MANAGER")
         scope_manager = settings.get("THROTTLING_SCOPE_MANAGER")
         backoff = read_backoff(settings)
@@ -428,7 +261,7 @@ class ThrottlingSettings:
                 "THROTTLING_ROBOTSTXT_MAX_DELAY",
                 settings.get("THROTTLING_ROBOTSTXT_MAX_DELAY", 60.0),
             ),
-            window=_positive("THROTTLING_WINDOW", settings.get("THROTTLING_WINDOW", 60.0)),
+            window=positive("THROTTLING_WINDOW", settings.get("THROTTLING_WINDOW", 60.0)),
             rampup_target=parse_target(
                 "RAMPUP_BACKOFF_TARGET", settings.get("RAMPUP_BACKOFF_TARGET", 1)
             ),
@@ -473,11 +306,11 @@ class ThrottlingSettings:
             ),
             debug=as_bool(settings, "THROTTLING_DEBUG")
             or (autothrottle is not None and autothrottle.debug),
-            manager=None if manager is None else _load_class("THROTTLING_MANAGER", manager),
+            manager=None if manager is None else load_class("THROTTLING_MANAGER", manager),
             scope_manager=(
                 None
                 if scope_manager is None
-                else _load_class("THROTTLING_SCOPE_MANAGER", scope_manager)
+                else load_class("THROTTLING_SCOPE_MANAGER", scope_manager)
             ),
         )
 

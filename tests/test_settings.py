@@ -161,7 +161,7 @@ def test_unknown_key_without_close_match_lists_accepted_keys():
 
 def test_reserved_keys_are_refused_not_ignored(monkeypatch):
     """A key reserved for a feature not built yet is refused, naming scope, key and value."""
-    monkeypatch.setattr("slotkit.settings.RESERVED_SCOPE_KEYS", frozenset({"future"}))
+    monkeypatch.setattr("slotkit.scope_entries.RESERVED_SCOPE_KEYS", frozenset({"future"}))
     message = refuse({"THROTTLING_SCOPES": {"api": {"future": 3}}})
     assert "THROTTLING_SCOPES['api']['future']" in message
     assert "not supported" in message

@@ -1,0 +1,205 @@
+"""The shape of one scope's options: ``THROTTLING_SCOPES`` and ``DOWNLOAD_SLOTS`` entries.
+
+Each entry is checked key by key when the crawler starts, and returned with
+its values normalised; :class:`slotkit.settings.ThrottlingSettings` combines
+them with the crawl-wide settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from scrapy.utils.misc import load_object
+
+from slotkit.validation import (
+    SettingsError,
+    _closest,
+    _describe,
+    _integer,
+    _number,
+    parse_jitter,
+    unknown_key,
+)
+
+logger = logging.getLogger("slotkit")
+
+__all__ = [
+    "RAMPUP_KEYS",
+    "RESERVED_SCOPE_KEYS",
+    "SCOPE_KEYS",
+    "SLOT_KEYS",
+    "load_class",
+    "parse_target",
+    "positive",
+    "rampup_entry",
+    "slot_entry",
+    "validate_scope_entry",
+]
+
+#: Keys a ``THROTTLING_SCOPES`` entry may carry.
+SCOPE_KEYS = frozenset(
+    {
+        "concurrency",
+        "min_concurrency",
+        "delay",
+        "jitter",
+        "manager",
+        "backoff",
+        "quota",
+        "window",
+        "rampup",
+        "ignore_robots_txt",
+    }
+)
+#: Keys that belong to features this release does not have yet. They are
+#: refused rather than accepted and ignored, which would be a silent lie.
+RESERVED_SCOPE_KEYS: frozenset[str] = frozenset()
+#: Keys of a scope's ``"rampup"`` dict.
+RAMPUP_KEYS = frozenset({"backoff_target", "delay_factor", "min_delay"})
+
+#: ``DOWNLOAD_SLOTS`` keys Scrapy 2.19 understands.
+SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
+
+
+def positive(where: str, value: object) -> float:
+    number = _number(where, value)
+    if number <= 0:
+        raise SettingsError(f"{where} must be a number > 0 (got {_describe(value)})")
+    return number
+
+
+def load_class(where: str, value: object) -> type:
+    if isinstance(value, type):
+        return value
+    if not isinstance(value, str):
+        raise SettingsError(f"{where} must be a class or an import path (got {_describe(value)})")
+    try:
+        loaded = load_object(value)
+    except Exception as exc:  # any import-time failure is the setting's fault
+        raise SettingsError(f"{where} could not be imported from {value!r}: {exc}") from None
+    if not isinstance(loaded, type):
+        raise SettingsError(f"{where} must name a class (got {_describe(loaded)})")
+    return loaded
+
+
+def validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str, Any]:
+    """Check one ``THROTTLING_SCOPES`` entry; return it with values normalised."""
+    if not isinstance(scope, str) or not scope:
+        raise SettingsError(f"{setting} keys must be non-empty scope ids (got {_describe(scope)})")
+    where = f"{setting}[{scope!r}]"
+    if not isinstance(entry, Mapping):
+        raise SettingsError(
+            f"{where} must be a dict of scope options such as "
+            f"{{'concurrency': 2, 'delay': 1.0}} (got {_describe(entry)})"
+        )
+    result: dict[str, Any] = {}
+    for key, value in entry.items():
+        if key in RESERVED_SCOPE_KEYS:
+            raise SettingsError(
+                f"{where}[{key!r}] is not supported by this version of slotkit yet "
+                f"(got {_describe(value)}); accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
+            )
+        if key not in SCOPE_KEYS:
+            raise unknown_key(where, key, SCOPE_KEYS)
+        if key == "concurrency":
+            result[key] = _integer(f"{where}['concurrency']", value, minimum=1)
+        elif key == "min_concurrency":
+            result[key] = _integer(f"{where}['min_concurrency']", value, minimum=1)
+        elif key == "delay":
+            result[key] = _number(f"{where}['delay']", value)
+        elif key == "jitter":
+            result[key] = parse_jitter(f"{where}['jitter']", value)
+        elif key == "manager":
+            result[key] = load_class(f"{where}['manager']", value)
+        elif key == "backoff":
+            result[key] = value  # checked against the BACKOFF_* defaults by ThrottlingSettings
+        elif key in ("quota", "window"):
+            result[key] = positive(f"{where}[{key!r}]", value)
+        elif key == "rampup":
+            result[key] = rampup_entry(f"{where}['rampup']", value)
+        elif key == "ignore_robots_txt":
+            if not isinstance(value, bool):
+                raise SettingsError(
+                    f"{where}['ignore_robots_txt'] must be True or False (got {_describe(value)})"
+                )
+            result[key] = value
+    if result.get("min_concurrency", 1) > result.get("concurrency", math.inf):
+        raise SettingsError(
+            f"{where}['min_concurrency'] ({result['min_concurrency']}) must not exceed "
+            f"its concurrency ({result['concurrency']})"
+        )
+    return result
+
+
+def parse_target(where: str, value: object) -> tuple[int, int]:
+    """A rampup backoff target: an int, or a ``[low, high]`` range."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise SettingsError(
+                f"{where} must be an integer or a [low, high] pair (got {_describe(value)})"
+            )
+        low = _integer(f"{where}[0]", value[0], minimum=0)
+        high = _integer(f"{where}[1]", value[1], minimum=low)
+        return (low, high)
+    target = _integer(where, value, minimum=0)
+    return (target, target)
+
+
+def rampup_entry(where: str, value: object) -> dict[str, Any] | None:
+    """Check a scope's ``"rampup"`` value: a bool, or a dict of overrides."""
+    if isinstance(value, bool):
+        return {} if value else None
+    if not isinstance(value, Mapping):
+        raise SettingsError(
+            f"{where} must be True, False or a dict with keys from "
+            f"{', '.join(sorted(RAMPUP_KEYS))} (got {_describe(value)})"
+        )
+    result: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in RAMPUP_KEYS:
+            raise unknown_key(where, key, RAMPUP_KEYS)
+        if key == "backoff_target":
+            result[key] = parse_target(f"{where}['backoff_target']", item)
+        elif key == "delay_factor":
+            factor = _number(f"{where}['delay_factor']", item)
+            if not 0 < factor < 1:
+                raise SettingsError(
+                    f"{where}['delay_factor'] must be a number between 0 and 1, exclusive "
+                    f"(got {_describe(item)})"
+                )
+            result[key] = factor
+        else:
+            result[key] = _number(f"{where}['min_delay']", item)
+    return result
+
+
+def slot_entry(key: str, entry: object) -> dict[str, Any]:
+    """Map a ``DOWNLOAD_SLOTS`` entry onto scope options."""
+    where = f"DOWNLOAD_SLOTS[{key!r}]"
+    if not isinstance(entry, Mapping):
+        raise SettingsError(f"{where} must be a dict (got {_describe(entry)})")
+    result: dict[str, Any] = {}
+    for name, value in entry.items():
+        if name not in SLOT_KEYS:
+            # Scrapy ignores unknown DOWNLOAD_SLOTS keys, and configs that work with
+            # the stock downloader must keep working: warn instead of failing.
+            logger.warning(
+                "%s has an unknown key %r%s; ignored, as Scrapy does (accepted keys: %s)",
+                where,
+                name,
+                _closest(str(name), SLOT_KEYS),
+                ", ".join(sorted(SLOT_KEYS)),
+            )
+            continue
+        if name == "concurrency":
+            result["concurrency"] = _integer(f"{where}['concurrency']", value, minimum=1)
+        elif name == "delay":
+            result["delay"] = _number(f"{where}['delay']", value)
+        elif name == "jitter":
+            result["jitter"] = parse_jitter(f"{where}['jitter']", value)
+        elif name == "randomize_delay" and "jitter" not in entry:
+            result["jitter"] = parse_jitter(f"{where}['randomize_delay']", bool(value))
+    return result
