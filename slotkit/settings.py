@@ -8,7 +8,6 @@ scope, what arrived and what is accepted. Nothing in here touches a reactor.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -42,8 +41,6 @@ from slotkit.validation import (
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
-
-logger = logging.getLogger("slotkit")
 
 __all__ = [
     "RESERVED_SCOPE_KEYS",
