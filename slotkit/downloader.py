@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -26,6 +25,7 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
 from slotkit.clock import default_clock
+from slotkit.closing import SpiderClosing
 from slotkit.feedback import Feedback, current_request
 from slotkit.gate import Gate, Waiter
 from slotkit.manager import (
@@ -34,37 +34,33 @@ from slotkit.manager import (
     ThrottlingManager,
     build_manager,
     normalize_scopes,
-    scope_kind,
 )
 from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
-from slotkit.robots import CrawlDelays, apply_crawl_delay
+from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue
-from slotkit.scope_ids import host_of_netloc
-from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
-from slotkit.settings import DOMAIN, ScopeConfig, ThrottlingSettings
+from slotkit.scope_control import ScopeControl
+from slotkit.scope_managers import check_scope_manager_class
+from slotkit.settings import DOMAIN, ThrottlingSettings
 from slotkit.slots import SlotsView, SlotView, view_of
 from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from twisted.internet.interfaces import IReactorTime
 
-    from slotkit.backoff import BackoffConfig
 
 logger = logging.getLogger("slotkit")
 
 __all__ = ["Downloader"]
 
 
-class Downloader:
+class Downloader(ScopeControl, SpiderClosing):
     """The Scrapy ``DOWNLOADER`` that throttles by scopes."""
 
     DOWNLOAD_SLOT = DOWNLOAD_SLOT
@@ -196,68 +192,6 @@ class Downloader:
         if recoveries:
             self.stats.set("backoff/recoveries", recoveries)
 
-    # Closing: the engine waits for every request in progress before it
-    # closes the downloader, and a request held at the gate is in progress.
-    # Without this hook, CLOSESPIDER_TIMEOUT during a 30 s Retry-After would
-    # wait the 30 s out.
-
-    def _engine_started(self) -> None:
-        engine = self.crawler.engine
-        close_spider = engine.close_spider_async
-
-        async def close_spider_async(*, reason: str = "cancelled") -> None:
-            self._spider_closing(reason)
-            await close_spider(reason=reason)
-
-        engine.close_spider_async = close_spider_async  # type: ignore[method-assign]
-
-    def _spider_closing(self, reason: str) -> None:
-        """The spider is closing: requests still waiting for their scopes end now.
-
-        With ``JOBDIR`` they go back to the scheduler first (not filtered as
-        duplicates), so the paused crawl sends them after it resumes.
-        """
-        if self._closing_reason is not None:
-            return
-        self._closing_reason = reason
-        waiting = [waiter.request for waiter in self.gate.waiting]
-        if waiting and self._store is not None:
-            scheduler = getattr(getattr(self.crawler.engine, "_slot", None), "scheduler", None)
-            if scheduler is not None:
-                for request in waiting:
-                    scheduler.enqueue_request(request.replace(dont_filter=True))
-                self.stats.inc("requests_requeued", len(waiting))
-        self._save_states()
-        if waiting:
-            logger.info(
-                "slotkit: the spider closed (%s) while %d request(s) waited for their "
-                "throttling scopes; they were not sent%s",
-                reason,
-                len(waiting),
-                " and go back to the scheduler (JOBDIR)" if self._store is not None else "",
-            )
-            self.stats.inc("requests_unsent_at_close", len(waiting))
-        self.gate.close(list(self.registry.values()), f"the spider closed ({reason})")
-
-    def _save_states(self) -> None:
-        if self._store is None:
-            return
-        now = self._clock.seconds()
-        states = {
-            scope_id: state
-            for scope_id, state in self._saved.items()
-            if state.get("hold_until", -math.inf) > now or "backoff_delay" in state
-        }
-        for scope in self.registry.values():
-            export = getattr(scope.manager, "export_state", None)
-            state = export(now) if callable(export) else None
-            if state:
-                states[scope.id] = state
-            else:
-                states.pop(scope.id, None)
-        delays = dict(self.crawl_delays.delays) if self.crawl_delays is not None else {}
-        self._store.save(states, delays)
-
     def throttling_status(self) -> str:
         """Scopes alive, backing off, requests waiting, and the slowest scopes."""
         return self.status.describe()
@@ -299,65 +233,6 @@ class Downloader:
     def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, SlotView]:
         key = self.get_slot_key(request)
         return key, view_of(self.registry.get(key), self.gate)
-
-    # Scopes
-
-    def scope_config(self, scope_id: str) -> ScopeConfig:
-        """The resolved configuration a new scope *scope_id* gets now.
-
-        Settings first (:meth:`ThrottlingSettings.scope_config`), then the
-        AutoThrottle start delay if one was set, then the site's robots.txt
-        Crawl-delay if one is known.
-        """
-        kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
-        config = self.config.scope_config(scope_id, kind)
-        if self._default_delay is not None and config.sources.get("delay") == "default":
-            config = replace(config, delay=self._default_delay)
-        if self.crawl_delays is not None and scope_id in self.crawl_delays.delays:
-            config, warning = apply_crawl_delay(config, self.crawl_delays.delays[scope_id])
-            if warning:
-                self.crawl_delays.warn_once(scope_id, warning)
-        return config
-
-    def _new_scope(self, scope_id: str) -> Scope:
-        manager = create_scope_manager(self.crawler, self.scope_config(scope_id))
-        saved = self._saved.pop(scope_id, None)
-        if saved is not None and callable(getattr(manager, "import_state", None)):
-            manager.import_state(saved, self._clock.seconds())
-        if self.config.debug:
-            logger.debug("slotkit: new scope %r: %r", scope_id, manager)
-        return Scope(scope_id, manager, self._kind_hints.get(scope_id) or scope_kind(scope_id))
-
-    def _crawl_delay_found(self, site: str, delay: float) -> None:
-        """robots.txt of *site* gave a Crawl-delay: apply it to the live scope too."""
-        scope = self.registry.peek(site)
-        if scope is None or self.crawl_delays is None:
-            return
-        self.crawl_delays.update_live(scope, self.scope_config(site))
-        self.gate.poke(scope)
-
-    def _evicted(self, scope: Scope) -> None:
-        self.stats.inc("scopes_evicted")
-        self._evicted_recoveries += int(getattr(scope.manager, "recoveries", 0))
-
-    def hold_scope(self, scope_id: str, seconds: float) -> None:
-        """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped.
-
-        A ``host:port`` id (a URL's ``netloc``, as in the spec's recipe) also
-        holds the host's scope: default scopes are host names, like Scrapy's
-        slots, so without this the recipe would hold a scope no request uses.
-        """
-        ids = [scope_id]
-        host = host_of_netloc(scope_id)
-        if host is not None:
-            ids.append(host)
-        now = self._clock.seconds()
-        for held in ids:
-            scope = self.registry.get(held)
-            scope.manager.record_backoff(seconds, now)
-            scope.step_started_at = now
-            self.gate.poke(scope)
-        self.stats.inc("backoff/triggers/delay_scope")
 
     def _normalized_scopes(self, request: Request, raw: Any) -> dict[str, float | None]:
         scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
@@ -483,50 +358,10 @@ class Downloader:
             wait = max(wait, scope_wait)
         return wait
 
-    # What the throttling manager asks of the downloader
-
-    def scope_ids(self, request: Request) -> list[str]:
-        """The scopes *request* went through on its last trip (empty if unknown)."""
-        return self._scope_ids.get(request, [])
-
-    def now(self) -> float:
-        """The crawl clock's current time (epoch seconds under a Twisted reactor)."""
-        return float(self._clock.seconds())
-
-    def has_quota(self, scope_id: str) -> bool:
-        """Whether the live scope *scope_id* counts a quota."""
-        scope = self.registry.peek(scope_id)
-        return scope is not None and getattr(scope.manager, "quota", None) is not None
-
-    def backoff_config(self, scope_id: str) -> BackoffConfig:
-        """The backoff rules of *scope_id*."""
-        return self.config.backoff_config(scope_id)
-
     def _dispatched(self, waiter: Waiter, now: float) -> None:
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
-
-    def _log_recoveries(self, scopes: Sequence[Scope]) -> None:
-        """THROTTLING_DEBUG: say when a scope stepped back from its backoff.
-
-        Scope managers are pure and do not log; a recovery is applied when
-        the scope is next asked, so the dispatch that follows is where it
-        shows.
-        """
-        for scope in scopes:
-            recoveries = getattr(scope.manager, "recoveries", None)
-            if not isinstance(recoveries, int):
-                continue
-            seen = self._recoveries_seen.get(scope.id, 0)
-            if recoveries > seen:
-                logger.debug(
-                    "slotkit: scope %r recovered %d backoff step(s): %r",
-                    scope.id,
-                    recoveries - seen,
-                    scope.manager,
-                )
-            self._recoveries_seen[scope.id] = recoveries
 
 
 def _needs_await(value: Any) -> bool:

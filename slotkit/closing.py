@@ -1,0 +1,100 @@
+"""Closing the spider while requests wait for their scopes.
+
+The engine waits for every request in progress before it closes the
+downloader, and a request held at the gate is in progress: without this hook
+``CLOSESPIDER_TIMEOUT`` during a 30 s Retry-After would wait the 30 s out.
+:class:`SpiderClosing` (a base of :class:`slotkit.Downloader`) ends those
+requests as the spider starts closing, and saves scope states under JOBDIR.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from twisted.internet.interfaces import IReactorTime
+
+    from slotkit.gate import Gate
+    from slotkit.persistence import ScopeStateStore
+    from slotkit.registry import ScopeRegistry
+    from slotkit.robots import CrawlDelays
+    from slotkit.stats import ThrottlingStats
+
+logger = logging.getLogger("slotkit")
+
+__all__ = ["SpiderClosing"]
+
+
+class SpiderClosing:
+    """Ends requests waiting at the gate when the spider closes (a base of the Downloader)."""
+
+    # Set up by the Downloader's __init__.
+    crawler: Crawler
+    _clock: IReactorTime
+    registry: ScopeRegistry
+    gate: Gate
+    stats: ThrottlingStats
+    crawl_delays: CrawlDelays | None
+    _store: ScopeStateStore | None
+    _saved: dict[str, dict[str, float]]
+    _closing_reason: str | None
+
+    def _engine_started(self) -> None:
+        engine = self.crawler.engine
+        close_spider = engine.close_spider_async
+
+        async def close_spider_async(*, reason: str = "cancelled") -> None:
+            self._spider_closing(reason)
+            await close_spider(reason=reason)
+
+        engine.close_spider_async = close_spider_async  # type: ignore[method-assign]
+
+    def _spider_closing(self, reason: str) -> None:
+        """The spider is closing: requests still waiting for their scopes end now.
+
+        With ``JOBDIR`` they go back to the scheduler first (not filtered as
+        duplicates), so the paused crawl sends them after it resumes.
+        """
+        if self._closing_reason is not None:
+            return
+        self._closing_reason = reason
+        waiting = [waiter.request for waiter in self.gate.waiting]
+        if waiting and self._store is not None:
+            scheduler = getattr(getattr(self.crawler.engine, "_slot", None), "scheduler", None)
+            if scheduler is not None:
+                for request in waiting:
+                    scheduler.enqueue_request(request.replace(dont_filter=True))
+                self.stats.inc("requests_requeued", len(waiting))
+        self._save_states()
+        if waiting:
+            logger.info(
+                "slotkit: the spider closed (%s) while %d request(s) waited for their "
+                "throttling scopes; they were not sent%s",
+                reason,
+                len(waiting),
+                " and go back to the scheduler (JOBDIR)" if self._store is not None else "",
+            )
+            self.stats.inc("requests_unsent_at_close", len(waiting))
+        self.gate.close(list(self.registry.values()), f"the spider closed ({reason})")
+
+    def _save_states(self) -> None:
+        if self._store is None:
+            return
+        now = self._clock.seconds()
+        states = {
+            scope_id: state
+            for scope_id, state in self._saved.items()
+            if state.get("hold_until", -math.inf) > now or "backoff_delay" in state
+        }
+        for scope in self.registry.values():
+            export = getattr(scope.manager, "export_state", None)
+            state = export(now) if callable(export) else None
+            if state:
+                states[scope.id] = state
+            else:
+                states.pop(scope.id, None)
+        delays = dict(self.crawl_delays.delays) if self.crawl_delays is not None else {}
+        self._store.save(states, delays)

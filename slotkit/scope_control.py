@@ -1,0 +1,154 @@
+"""The downloader's side of scopes: creating them, and what the manager asks of them.
+
+:class:`ScopeControl` is a base of :class:`slotkit.Downloader`. It builds a
+new scope's manager from the settings (plus AutoThrottle's start delay and a
+robots.txt Crawl-delay), counts evictions, and answers the throttling
+manager's questions (:meth:`hold_scope` for ``delay_scope``, a request's
+scope ids, the clock, quotas, backoff rules).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from slotkit.registry import Scope
+from slotkit.robots import apply_crawl_delay
+from slotkit.scope_ids import host_of_netloc, scope_kind
+from slotkit.scope_managers import create_scope_manager
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from weakref import WeakKeyDictionary
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from twisted.internet.interfaces import IReactorTime
+
+    from slotkit.backoff import BackoffConfig
+    from slotkit.gate import Gate
+    from slotkit.registry import ScopeRegistry
+    from slotkit.robots import CrawlDelays
+    from slotkit.settings import ScopeConfig, ThrottlingSettings
+    from slotkit.stats import ThrottlingStats
+
+logger = logging.getLogger("slotkit")
+
+__all__ = ["ScopeControl"]
+
+
+class ScopeControl:
+    """Scope creation and the manager's controller interface (a base of the Downloader)."""
+
+    # Set up by the Downloader's __init__.
+    crawler: Crawler
+    config: ThrottlingSettings
+    _clock: IReactorTime
+    registry: ScopeRegistry
+    gate: Gate
+    stats: ThrottlingStats
+    crawl_delays: CrawlDelays | None
+    _default_delay: float | None
+    _kind_hints: dict[str, str]
+    _saved: dict[str, dict[str, float]]
+    _evicted_recoveries: int
+    _scope_ids: WeakKeyDictionary[Request, list[str]]
+    _recoveries_seen: dict[str, int]
+
+    def scope_config(self, scope_id: str) -> ScopeConfig:
+        """The resolved configuration a new scope *scope_id* gets now.
+
+        Settings first (:meth:`ThrottlingSettings.scope_config`), then the
+        AutoThrottle start delay if one was set, then the site's robots.txt
+        Crawl-delay if one is known.
+        """
+        kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
+        config = self.config.scope_config(scope_id, kind)
+        if self._default_delay is not None and config.sources.get("delay") == "default":
+            config = replace(config, delay=self._default_delay)
+        if self.crawl_delays is not None and scope_id in self.crawl_delays.delays:
+            config, warning = apply_crawl_delay(config, self.crawl_delays.delays[scope_id])
+            if warning:
+                self.crawl_delays.warn_once(scope_id, warning)
+        return config
+
+    def _new_scope(self, scope_id: str) -> Scope:
+        manager = create_scope_manager(self.crawler, self.scope_config(scope_id))
+        saved = self._saved.pop(scope_id, None)
+        if saved is not None and callable(getattr(manager, "import_state", None)):
+            manager.import_state(saved, self._clock.seconds())
+        if self.config.debug:
+            logger.debug("slotkit: new scope %r: %r", scope_id, manager)
+        return Scope(scope_id, manager, self._kind_hints.get(scope_id) or scope_kind(scope_id))
+
+    def _crawl_delay_found(self, site: str, delay: float) -> None:
+        """robots.txt of *site* gave a Crawl-delay: apply it to the live scope too."""
+        scope = self.registry.peek(site)
+        if scope is None or self.crawl_delays is None:
+            return
+        self.crawl_delays.update_live(scope, self.scope_config(site))
+        self.gate.poke(scope)
+
+    def _evicted(self, scope: Scope) -> None:
+        self.stats.inc("scopes_evicted")
+        self._evicted_recoveries += int(getattr(scope.manager, "recoveries", 0))
+
+    def hold_scope(self, scope_id: str, seconds: float) -> None:
+        """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped.
+
+        A ``host:port`` id (a URL's ``netloc``, as in the spec's recipe) also
+        holds the host's scope: default scopes are host names, like Scrapy's
+        slots, so without this the recipe would hold a scope no request uses.
+        """
+        ids = [scope_id]
+        host = host_of_netloc(scope_id)
+        if host is not None:
+            ids.append(host)
+        now = self._clock.seconds()
+        for held in ids:
+            scope = self.registry.get(held)
+            scope.manager.record_backoff(seconds, now)
+            scope.step_started_at = now
+            self.gate.poke(scope)
+        self.stats.inc("backoff/triggers/delay_scope")
+
+    # What the throttling manager asks of the downloader
+
+    def scope_ids(self, request: Request) -> list[str]:
+        """The scopes *request* went through on its last trip (empty if unknown)."""
+        return self._scope_ids.get(request, [])
+
+    def now(self) -> float:
+        """The crawl clock's current time (epoch seconds under a Twisted reactor)."""
+        return float(self._clock.seconds())
+
+    def has_quota(self, scope_id: str) -> bool:
+        """Whether the live scope *scope_id* counts a quota."""
+        scope = self.registry.peek(scope_id)
+        return scope is not None and getattr(scope.manager, "quota", None) is not None
+
+    def backoff_config(self, scope_id: str) -> BackoffConfig:
+        """The backoff rules of *scope_id*."""
+        return self.config.backoff_config(scope_id)
+
+    def _log_recoveries(self, scopes: Sequence[Scope]) -> None:
+        """THROTTLING_DEBUG: say when a scope stepped back from its backoff.
+
+        Scope managers are pure and do not log; a recovery is applied when
+        the scope is next asked, so the dispatch that follows is where it
+        shows.
+        """
+        for scope in scopes:
+            recoveries = getattr(scope.manager, "recoveries", None)
+            if not isinstance(recoveries, int):
+                continue
+            seen = self._recoveries_seen.get(scope.id, 0)
+            if recoveries > seen:
+                logger.debug(
+                    "slotkit: scope %r recovered %d backoff step(s): %r",
+                    scope.id,
+                    recoveries - seen,
+                    scope.manager,
+                )
+            self._recoveries_seen[scope.id] = recoveries
