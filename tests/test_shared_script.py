@@ -38,12 +38,7 @@ def acquire_argv(now, worker, lease, scopes, *, horizon=30.0, lease_ttl=10.0):
             fmt(60.0),
             fmt(s.get("bwin", 5.0)),
             fmt(s.get("jf", 1.0)),
-            "1" if s.get("rampup") else "0",
-            "1",
-            fmt(0.5),
-            fmt(s.get("rmin", 0.1)),
-            fmt(s.get("rwin", 3.0)),
-            str(s.get("minc", 1)),
+            *rampup_args(s),
         ]
     return argv
 
@@ -60,7 +55,9 @@ def with_releases(k, argv, lease, scopes, concs):
     return k, [*argv[:4], str(len(scopes)), *triples, *argv[5:]]
 
 
-def backoff_argv(now, worker, hold, age, delay=1.0, cd=0.0, bwin=5.0):
+def backoff_argv(now, worker, hold, age, delay=1.0, cd=0.0, bwin=5.0, scope=None):
+    """One ``backoff`` call; *scope* (a config of ``random_ops``) adds its rampup arguments."""
+    s = scope or {}
     return [
         "backoff",
         fmt(now),
@@ -71,12 +68,27 @@ def backoff_argv(now, worker, hold, age, delay=1.0, cd=0.0, bwin=5.0):
         "1",
         fmt(hold),
         fmt(age),
-        fmt(delay),
+        fmt(s.get("delay", delay)),
         fmt(cd),
         fmt(2.0),
         fmt(1.0),
         fmt(60.0),
         fmt(bwin),
+        *rampup_args(s),
+        str(s.get("concurrency", 2)),
+        str(s.get("rhigh", 2) if s.get("rampup") else -1),
+    ]
+
+
+def rampup_args(s):
+    """The six rampup arguments, as ``acquire`` and ``backoff`` take them."""
+    return [
+        "1" if s.get("rampup") else "0",
+        "1",
+        fmt(0.5),
+        fmt(s.get("rmin", 0.1)),
+        fmt(s.get("rwin", 3.0)),
+        str(s.get("minc", 1)),
     ]
 
 
@@ -152,7 +164,8 @@ def random_ops(seed: int, count: int = 300):
         elif op < 0.93:
             scope = rng.choice(sorted(configs))
             hold = rng.choice([-1.0, -1.0, -1.0, 0.0, 2.0, 3.0] if scope != "r" else [-1.0, 5.0])
-            yield keys(scope), backoff_argv(now, worker, hold, rng.choice([0.0, 0.5, 3.0]))
+            age = rng.choice([0.0, 0.5, 3.0])
+            yield keys(scope), backoff_argv(now, worker, hold, age, scope=configs[scope])
         elif op < 0.97:
             yield (
                 keys("b"),
@@ -202,3 +215,32 @@ def test_all_keys_share_one_hash_tag(client):
     from redis.crc import key_slot
 
     assert len({key_slot(key.encode()) for key in client.keys("*")}) == 1
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_rampup_triggers_within_target_hold_the_rate(client, store):
+    """As in one process: up to the target's high end per window the rate holds, then steps.
+
+    A trigger after a window ended counts in the new window, not the old one.
+    """
+    if store == "script":
+        script = client.register_script(script_source())
+
+        def run(k, argv):
+            return script(keys=k, args=argv)
+    else:
+        run = TwinStore(Clock()).run
+    r = {"delay": 0.8, "concurrency": 3, "rampup": True, "minc": 1, "rhigh": 2, "rwin": 3.0}
+    now = 1_700_000_000.0
+    assert run(keys("r"), acquire_argv(now, "w", "l1", [r]))[0] == "ok"
+    outcomes = []
+    for i in range(3):
+        reply = run(keys("r"), backoff_argv(now + 0.1 * (i + 1), "w", -1.0, 0.0, scope=r))
+        outcomes.append((reply[2], float(reply[3])))
+    assert outcomes[0] == ("ramp", 0.0)
+    assert outcomes[1] == ("ramp", 0.0)
+    assert outcomes[2][0] == "step"
+    assert outcomes[2][1] > 0
+    # Next window: the count starts again (the step taken is still in force).
+    reply = run(keys("r"), backoff_argv(now + 3.5, "w", -1.0, 0.0, scope=r))
+    assert reply[2] == "ramp"

@@ -333,15 +333,5 @@ class StoreLink:
     ) -> None:
         args = [fmt(self.options.key_ttl), str(len(ids))]
         for manager in managers:
-            config = manager.backoff
-            args += [
-                fmt(hold),
-                fmt(max(0.0, age)),
-                fmt(manager.delay),
-                fmt(manager.crawl_delay),
-                fmt(config.delay_factor),
-                fmt(config.min_delay),
-                fmt(config.max_delay),
-                fmt(config.window),
-            ]
+            args += manager.backoff_args(hold, age)
         self._call(self._keys(ids), "backoff", args).addErrback(lambda _: None)

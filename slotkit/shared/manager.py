@@ -99,9 +99,7 @@ class SharedScopeManager:
     def script_args(self, amount: float | None) -> tuple[list[str], float]:
         """This scope's arguments of one ``acquire`` (see ``script.lua``), and its interval."""
         backoff = self.backoff
-        rampup = self.rampup
         factor = jitter_factor(self.jitter, self._rng)
-        ramping = rampup is not None and rampup.window > 0
         args = [
             fmt(1.0 if amount is None else amount),
             fmt(self.delay),
@@ -114,14 +112,41 @@ class SharedScopeManager:
             fmt(backoff.max_delay),
             fmt(backoff.window),
             fmt(factor),
-            "1" if ramping else "0",
-            str(rampup.target[0] if rampup is not None else 1),
-            fmt(rampup.delay_factor if rampup is not None else 1.0),
-            fmt(rampup.min_delay if rampup is not None else 0.0),
-            fmt(rampup.window if rampup is not None else 0.0),
-            str(self.min_concurrency if ramping else self.concurrency),
+            *self.rampup_args(),
         ]
         return args, max(self.delay * factor, self.crawl_delay)
+
+    def rampup_args(self) -> list[str]:
+        """The six rampup arguments ``acquire`` and ``backoff`` both take (see ``script.lua``)."""
+        rampup = self.rampup
+        if rampup is None or rampup.window <= 0:
+            return ["0", "1", fmt(1.0), fmt(0.0), fmt(0.0), str(self.concurrency)]
+        return [
+            "1",
+            str(rampup.target[0]),
+            fmt(rampup.delay_factor),
+            fmt(rampup.min_delay),
+            fmt(rampup.window),
+            str(self.min_concurrency),
+        ]
+
+    def backoff_args(self, hold: float, age: float) -> list[str]:
+        """This scope's arguments of one ``backoff`` (see ``script.lua``)."""
+        config = self.backoff
+        rampup = self.rampup
+        return [
+            fmt(hold),
+            fmt(max(0.0, age)),
+            fmt(self.delay),
+            fmt(self.crawl_delay),
+            fmt(config.delay_factor),
+            fmt(config.min_delay),
+            fmt(config.max_delay),
+            fmt(config.window),
+            *self.rampup_args(),
+            str(self.concurrency),
+            str(rampup.target[1] if rampup is not None else -1),
+        ]
 
     def scale(self, workers: int) -> None:
         """Make the fallback admit 1/*workers* of the shared limits."""

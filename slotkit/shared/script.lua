@@ -20,9 +20,11 @@
 --            rampup (1/0), rampup target (low end), rampup delay factor,
 --            rampup min delay, rampup window, min concurrency
 --   release: (nothing but the releases)
---   backoff: key ttl, n scopes, then 8 per scope:
+--   backoff: key ttl, n scopes, then 16 per scope:
 --            hold seconds (< 0: a step instead), age of the request, delay,
---            crawl delay, backoff factor, backoff min, backoff max, backoff window
+--            crawl delay, backoff factor, backoff min, backoff max, backoff window,
+--            then the six rampup ones as in acquire, concurrency, and the
+--            rampup target's high end
 --   quota:   key ttl, n scopes, then 4 per scope: consumed, remaining (< 0: unknown), quota, window
 --   beat:    (nothing) -- heartbeat; replies with the live worker count
 --   leave:   (nothing)
@@ -260,15 +262,25 @@ if op == 'backoff' then
   local scopes = tonumber(ARGV[o + 2])
   local reply = {'ok', N}
   for i = 1, scopes do
-    local b = o + 2 + (i - 1) * 8
+    local b = o + 2 + (i - 1) * 16
     local hold = tonumber(ARGV[b + 1])
     local age = tonumber(ARGV[b + 2])
     local delay, cd = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local factor, bmin = tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
     local bmax, bwin = tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8])
+    local a = {
+      delay = delay, ron = tonumber(ARGV[b + 9]), rlow = tonumber(ARGV[b + 10]),
+      rfac = tonumber(ARGV[b + 11]), rmin = tonumber(ARGV[b + 12]),
+      rwin = tonumber(ARGV[b + 13]), minc = tonumber(ARGV[b + 14]),
+      conc = tonumber(ARGV[b + 15]), rhigh = tonumber(ARGV[b + 16]),
+    }
     local skey = KEYS[2 * i]
     local st = load(skey)
-    if st.rc >= 1 then delay = st.rd end
+    -- Close the rampup windows that ended first, so the trigger counts in its own.
+    if a.ron > 0 then
+      ramp(st, a)
+      delay = a.delay
+    end
     if cd > st.cd then st.cd = cd end
     local base = math.max(delay, st.cd)
     settle(st, base, factor, bmin, bwin)
@@ -281,6 +293,10 @@ if op == 'backoff' then
     elseif now - age < st.ss then
       -- Sent before the current step began: the same episode, not a new signal.
       outcome = 'dup'
+    elseif a.ron > 0 and st.rt + 1 <= a.rhigh then
+      -- Rampup pays up to its target of triggers per window for probing: the
+      -- rate holds, as in one process. Only triggers beyond it take a step.
+      outcome = 'ramp'
     else
       st.bo = math.min(bmax, math.max(bmin, math.max(base, st.bo) * factor))
       st.ss = now

@@ -47,6 +47,25 @@ SCOPE_ARGS = (
     "rwin",
     "minc",
 )
+#: One scope's arguments of ``backoff``, in order.
+BACKOFF_ARGS = (
+    "hold",
+    "age",
+    "delay",
+    "cd",
+    "factor",
+    "bmin",
+    "bmax",
+    "bwin",
+    "ron",
+    "rlow",
+    "rfac",
+    "rmin",
+    "rwin",
+    "minc",
+    "conc",
+    "rhigh",
+)
 
 
 def fmt(value: float) -> str:
@@ -229,14 +248,15 @@ class TwinStore:
             scopes = int(argv[o + 2])
             reply = ["ok", count]
             for i in range(scopes):
-                b = o + 2 + i * 8
-                hold, age, delay, cd, factor, bmin, bmax, bwin = (
-                    float(argv[b + 1 + k]) for k in range(8)
-                )
+                b = o + 2 + i * len(BACKOFF_ARGS)
+                a = {name: float(argv[b + 1 + k]) for k, name in enumerate(BACKOFF_ARGS)}
+                hold, age, delay, cd = a["hold"], a["age"], a["delay"], a["cd"]
+                factor, bmin, bmax, bwin = a["factor"], a["bmin"], a["bmax"], a["bwin"]
                 skey = keys[1 + 2 * i]
                 st = load(skey)
-                if st.rc >= 1:
-                    delay = st.rd
+                if a["ron"] > 0:
+                    _ramp(st, a, now)  # the trigger counts in its own window
+                    delay = a["delay"]
                 if cd > st.cd:
                     st.cd = cd
                 base = max(delay, st.cd)
@@ -249,6 +269,8 @@ class TwinStore:
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
                 elif now - age < st.ss:
                     outcome = "dup"
+                elif a["ron"] > 0 and st.rt + 1 <= a["rhigh"]:
+                    outcome = "ramp"  # within the rampup target: the rate holds
                 else:
                     st.bo = min(bmax, max(bmin, max(base, st.bo) * factor))
                     st.ss = now
