@@ -131,6 +131,9 @@ def child(spec: dict[str, Any]) -> None:
         result["go_now_p99_ms"] = pct(go_now, 0.99)
         result["go_now_count"] = len(go_now)
         result["lag_p99_ms"] = pct(sorted(lags), 0.99)
+        # The raw series, so the driver can take the window where every worker runs.
+        result["rtt_series"] = [(t - skew, took) for t, took in series]
+        result["lag_series"] = list(zip(lag_times, lags, strict=True))
         if os.environ.get("SLOTKIT_BENCH_DUMP"):
             Path(os.environ["SLOTKIT_BENCH_DUMP"], f"{worker}.json").write_text(
                 json.dumps({"lags": list(zip(lag_times, lags, strict=True)), "rtt": series})
