@@ -118,7 +118,7 @@ def child(spec: dict[str, Any]) -> None:
         if lag_probe.running:
             lag_probe.stop()
         downloader = crawler.engine.downloader
-        summary = getattr(downloader, "shared_summary", dict)()
+        summary: dict[str, Any] = getattr(downloader, "shared_summary", dict)()
         series = list(zip(summary.pop("sent_at", []), summary.get("latencies", []), strict=False))
         latencies = sorted(summary.pop("latencies", []))
         go_now = sorted(summary.pop("go_now", []))
@@ -167,7 +167,7 @@ def child(spec: dict[str, Any]) -> None:
             dispatched[request.url.split("/", 3)[-1]] = time.time()
             return await download(request, *args, **kwargs)
 
-        handlers.download_request_async = stamped
+        handlers.download_request_async = stamped  # type: ignore[method-assign]
 
     crawler.signals.connect(start_probe, signal=signals.engine_started)
     crawler.signals.connect(closed, signal=signals.spider_closed)
@@ -268,8 +268,8 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
         reaper.start()
     for reaper in reapers:
         reaper.join()
-    workers = []
-    exits = []
+    workers: list[dict[str, Any]] = []
+    exits: list[float] = []
     for out, err, exited in outputs:
         exits.append(exited)
         line = next((x for x in out.splitlines() if x.startswith(RESULT)), None)
@@ -289,7 +289,7 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
         client = redis_py.Redis.from_url(redis.url, decode_responses=True)
         for host in hosts:
             hold = client.hget(f"{{bench}}:s:{host}", "hold")
-            if hold and float(hold) > 0:
+            if hold and float(hold) > 0 and recorder.retry_after is not None:
                 outage["hold_stored"] = float(hold) - recorder.retry_after
         client.close()
     server.shutdown()
