@@ -56,14 +56,16 @@ class ScopeControl:
     _scope_ids: WeakKeyDictionary[Request, list[str]]
     _recoveries_seen: dict[str, int]
 
-    def scope_config(self, scope_id: str) -> ScopeConfig:
+    def scope_config(self, scope_id: str, kind: str | None = None) -> ScopeConfig:
         """The resolved configuration a new scope *scope_id* gets now.
 
         Settings first (:meth:`ThrottlingSettings.scope_config`), then the
         AutoThrottle start delay if one was set, then the site's robots.txt
-        Crawl-delay if one is known.
+        Crawl-delay if one is known. *kind* saves guessing it again when the
+        caller already has it.
         """
-        kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
+        if kind is None:
+            kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
         config = self.config.scope_config(scope_id, kind)
         if self._default_delay is not None and config.sources.get("delay") == "default":
             config = replace(config, delay=self._default_delay)
@@ -74,13 +76,14 @@ class ScopeControl:
         return config
 
     def _new_scope(self, scope_id: str) -> Scope:
-        manager = create_scope_manager(self.crawler, self.scope_config(scope_id))
+        kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
+        manager = create_scope_manager(self.crawler, self.scope_config(scope_id, kind))
         saved = self._saved.pop(scope_id, None)
         if saved is not None and callable(getattr(manager, "import_state", None)):
             manager.import_state(saved, self._clock.seconds())
         if self.config.debug:
             logger.debug("slotkit: new scope %r: %r", scope_id, manager)
-        return Scope(scope_id, manager, self._kind_hints.get(scope_id) or scope_kind(scope_id))
+        return Scope(scope_id, manager, kind)
 
     def _crawl_delay_found(self, site: str, delay: float) -> None:
         """robots.txt of *site* gave a Crawl-delay: apply it to the live scope too."""
