@@ -130,8 +130,8 @@ class SharedDownloader(Downloader):
 
     # Scopes use the shared manager unless the user named another one.
 
-    def scope_config(self, scope_id: str) -> ScopeConfig:
-        config = super().scope_config(scope_id)
+    def scope_config(self, scope_id: str, kind: str | None = None) -> ScopeConfig:
+        config = super().scope_config(scope_id, kind)
         if self.shared is not None and config.manager is None:
             config = replace(config, manager=SharedScopeManager)
         return config
