@@ -27,45 +27,14 @@ if TYPE_CHECKING:
 __all__ = ["TwinStore", "fmt"]
 
 FIELDS = ("tat", "hold", "bo", "rec", "ss", "cd", "qw", "qu", "rd", "rc", "rwe", "rt", "rs")
+#: The six rampup arguments ``acquire`` and ``backoff`` both take for a scope.
+RAMPUP_ARGS = ("ron", "rlow", "rfac", "rmin", "rwin", "minc")
+#: The backoff curve of a scope, as both operations pass it.
+CURVE_ARGS = ("factor", "bmin", "bmax", "bwin")
 #: The arguments of one scope in an ``acquire``, in order.
-SCOPE_ARGS = (
-    "amount",
-    "delay",
-    "conc",
-    "quota",
-    "window",
-    "cd",
-    "factor",
-    "bmin",
-    "bmax",
-    "bwin",
-    "jf",
-    "ron",
-    "rlow",
-    "rfac",
-    "rmin",
-    "rwin",
-    "minc",
-)
+SCOPE_ARGS = ("amount", "delay", "conc", "quota", "window", "cd", *CURVE_ARGS, "jf", *RAMPUP_ARGS)
 #: One scope's arguments of ``backoff``, in order.
-BACKOFF_ARGS = (
-    "hold",
-    "age",
-    "delay",
-    "cd",
-    "factor",
-    "bmin",
-    "bmax",
-    "bwin",
-    "ron",
-    "rlow",
-    "rfac",
-    "rmin",
-    "rwin",
-    "minc",
-    "conc",
-    "rhigh",
-)
+BACKOFF_ARGS = ("hold", "age", "delay", "cd", *CURVE_ARGS, *RAMPUP_ARGS, "conc", "rhigh")
 
 
 def fmt(value: float) -> str:
