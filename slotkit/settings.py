@@ -53,6 +53,15 @@ __all__ = [
 ]
 
 
+#: ``THROTTLING_SCOPES`` when the project does not set it: the site of
+#: Scrapy's tutorial is a sandbox made to be crawled, so it may go fast.
+#: Setting ``THROTTLING_SCOPES`` (even to ``{}``) replaces it, as with any
+#: Scrapy dict setting.
+DEFAULT_THROTTLING_SCOPES: dict[str, dict[str, Any]] = {
+    "quotes.toscrape.com": {"concurrency": 16, "delay": 0.0},
+}
+
+
 def _dict_setting(settings: BaseSettings, name: str) -> Any:
     """A dict setting; JSON text (``scrapy crawl -s NAME='{...}'``) is parsed first."""
     value = settings.get(name) or {}
@@ -212,7 +221,11 @@ class ThrottlingSettings:
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
         """Read and check every setting; raise :class:`SettingsError` on the first bad one."""
-        raw_scopes = _dict_setting(settings, "THROTTLING_SCOPES")
+        raw_scopes = (
+            DEFAULT_THROTTLING_SCOPES
+            if settings.get("THROTTLING_SCOPES") is None
+            else _dict_setting(settings, "THROTTLING_SCOPES")
+        )
         if not isinstance(raw_scopes, Mapping):
             raise SettingsError(
                 "THROTTLING_SCOPES must be a dict mapping scope ids to dicts of options "

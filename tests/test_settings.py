@@ -55,7 +55,7 @@ def test_defaults_follow_scrapy():
     assert config.total_concurrency == 16
     assert config.delay == 0.0
     assert config.jitter == (-0.5, 0.5)
-    assert config.scopes == {}
+    assert set(config.scopes) == {"quotes.toscrape.com"}  # the spec's default, below
     assert config.slots == {}
     assert config.scope_limit == 100_000
     assert config.scope_max_idle == 3600.0
@@ -63,6 +63,25 @@ def test_defaults_follow_scrapy():
     assert config.debug is False
     assert config.manager is None
     assert config.scope_manager is None
+
+
+def test_default_scopes_let_the_tutorial_site_go_fast():
+    """Unset, THROTTLING_SCOPES lets quotes.toscrape.com (the tutorial's sandbox) go fast."""
+    config = read()
+    quotes = config.scope_config("quotes.toscrape.com", DOMAIN)
+    assert (quotes.concurrency, quotes.delay) == (16, 0.0)
+    assert quotes.sources["concurrency"] == "THROTTLING_SCOPES"
+    other = read(DOWNLOAD_DELAY=2.0).scope_config("example.com", DOMAIN)
+    assert (other.concurrency, other.delay) == (8, 2.0)
+
+
+@pytest.mark.parametrize("value", [{}, {"example.com": {"concurrency": 2}}, "{}"])
+def test_setting_throttling_scopes_replaces_the_default(value):
+    """Like any Scrapy dict setting, a project's THROTTLING_SCOPES replaces the default."""
+    config = read(THROTTLING_SCOPES=value, DOWNLOAD_DELAY=2.0)
+    assert "quotes.toscrape.com" not in config.scopes
+    quotes = config.scope_config("quotes.toscrape.com", DOMAIN)
+    assert (quotes.concurrency, quotes.delay) == (8, 2.0)
 
 
 def test_settings_error_is_a_value_error():
