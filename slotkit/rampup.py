@@ -4,8 +4,9 @@ Time is cut into ``window``-second windows (``BACKOFF_WINDOW``). At the end
 of each window in which the scope sent something:
 
 * fewer backoff triggers than the target's low end → one step up: lower the
-  delay by ``delay_factor`` down to ``min_delay``; once there, raise the
-  concurrency by one up to the configured maximum;
+  delay by ``delay_factor`` down to ``min_delay`` (within 10 ms of it counts
+  as there); once there, raise the concurrency by one up to the configured
+  maximum;
 * within the target → hold: triggers up to the target's high end do not
   back the scope off (:meth:`ThrottlingScopeManager.record_backoff` asks
   :meth:`Rampup.within_target`);
@@ -20,7 +21,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Rampup", "RampupConfig", "RampupStep"]
+__all__ = ["NEGLIGIBLE_DELAY", "Rampup", "RampupConfig", "RampupStep", "lowered_delay"]
+
+#: A delay this close to the minimum counts as there. Halving never reaches a
+#: minimum of 0, so without this a scope that started with a delay would
+#: never get to raise its concurrency; 10 ms is below what a loaded event
+#: loop keeps anyway.
+NEGLIGIBLE_DELAY = 0.01
+
+
+def lowered_delay(delay: float, factor: float, min_delay: float) -> float:
+    """One rampup step down from *delay*: times *factor*, snapped to *min_delay* when close."""
+    lowered = delay * factor
+    return min_delay if lowered < min_delay + NEGLIGIBLE_DELAY else lowered
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +98,7 @@ class Rampup:
             quiet = self.triggers < config.target[0]
             if quiet and self.sent and not backing_off:
                 if delay > config.min_delay:
-                    delay = max(config.min_delay, delay * config.delay_factor)
+                    delay = lowered_delay(delay, config.delay_factor, config.min_delay)
                     changed = True
                 elif concurrency < max_concurrency:
                     concurrency += 1

@@ -234,3 +234,21 @@ def test_bad_quota_is_refused() -> None:
             ThrottlingSettings.from_settings(Settings({"THROTTLING_SCOPES": {"api": entry}}))
     with pytest.raises(SettingsError, match="THROTTLING_WINDOW"):
         ThrottlingSettings.from_settings(Settings({"THROTTLING_WINDOW": 0}))
+
+
+def test_delay_reaches_a_zero_minimum_then_concurrency_rises() -> None:
+    """Halving never gets to 0: within 10 ms of the minimum counts as there.
+
+    An acceptance probe found a scope starting at a 0.4 s delay (rampup's
+    default minimum is 0) halving its delay for ever at concurrency 1.
+    """
+    scope = rampup_scope(delay=0.4, min_delay=0.0)
+    now = 0.0
+    delays = []
+    while scope.concurrency == 1 and now < 100 * WINDOW:
+        send(scope, now)
+        now += WINDOW
+        scope.can_send(now)
+        delays.append(scope.delay)
+    assert delays == [0.2, 0.1, 0.05, 0.025, 0.0125, 0.0, 0.0]
+    assert scope.concurrency == 2

@@ -135,6 +135,7 @@ def random_ops(seed: int, count: int = 300):
         "b": {"delay": 0.0, "concurrency": 1, "quota": 3.0, "window": 4.0},
         "c": {"delay": 0.25, "concurrency": 3, "cd": 0.0},
         "r": {"delay": 0.8, "concurrency": 3, "rampup": True, "minc": 1, "jf": 1.1},
+        "z": {"delay": 0.3, "concurrency": 2, "rampup": True, "rmin": 0.0, "rwin": 1.0},
     }
     for i in range(count):
         now += rng.choice([0.0, 0.001, 0.1, 0.3, 0.7, 1.3, 4.0])

@@ -147,7 +147,10 @@ local function ramp(st, a)
   while st.rwe > 0 and now >= st.rwe do
     if st.rt < a.rlow and st.rs > 0 and st.bo == 0 then
       if st.rd > a.rmin then
-        st.rd = math.max(a.rmin, st.rd * a.rfac)
+        -- Within 10 ms of the minimum counts as there (halving never reaches 0).
+        local lowered = st.rd * a.rfac
+        if lowered < a.rmin + 0.01 then lowered = a.rmin end
+        st.rd = lowered
       elseif st.rc < a.conc then
         st.rc = st.rc + 1
       end

@@ -21,6 +21,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from slotkit.rampup import lowered_delay
+
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
@@ -365,7 +367,7 @@ def _ramp(st: _State, a: dict[str, float], now: float) -> None:
     while st.rwe > 0 and now >= st.rwe:
         if st.rt < a["rlow"] and st.rs > 0 and st.bo == 0:
             if st.rd > a["rmin"]:
-                st.rd = max(a["rmin"], st.rd * a["rfac"])
+                st.rd = lowered_delay(st.rd, a["rfac"], a["rmin"])
             elif st.rc < a["conc"]:
                 st.rc = st.rc + 1
         st.rt = 0.0
