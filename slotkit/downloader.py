@@ -259,7 +259,11 @@ class Downloader(ScopeControl, SpiderClosing):
             raw = await _resolved(raw)
         scopes_amounts = self._normalized_scopes(request, raw)
         scopes = self.registry.scopes_for(scopes_amounts)
-        amounts = list(scopes_amounts.values())
+        # A request that names no amount spends one unit of each quota, for
+        # every scope manager alike (the spec's example counts ``amount or 0``).
+        amounts: list[float | None] = [
+            1.0 if amount is None else amount for amount in scopes_amounts.values()
+        ]
         meta = request.meta
         if scopes and meta.get(DOWNLOAD_SLOT, meta.get(AUTO_SLOT)) == meta.get(AUTO_SLOT):
             meta[DOWNLOAD_SLOT] = meta[AUTO_SLOT] = scopes[0].id
@@ -352,7 +356,7 @@ class Downloader(ScopeControl, SpiderClosing):
             scope = self.registry.peek(scope_id)
             if scope is None:
                 continue
-            scope_wait = scope.manager.can_send(now, amount)
+            scope_wait = scope.manager.can_send(now, 1.0 if amount is None else amount)
             if scope.live_waiters and scope_wait <= 0:
                 scope_wait = math.inf  # others queue ahead; a release will tell
             wait = max(wait, scope_wait)

@@ -53,11 +53,13 @@ class IThrottlingScopeManager(Interface):
         ``math.inf`` means the scope is full (for example every concurrency
         slot is taken) and only a state change, such as :meth:`record_done`,
         can free it. *amount* is the share of the scope's quota the request
-        would consume (``None`` when the request did not say).
+        would consume; a request that names no amount counts as ``1.0``, so
+        a ``quota`` is a number of requests unless amounts say otherwise.
+        (slotkit passes ``1.0`` then; ``None`` only comes from other callers.)
         """
 
     def record_sent(now: float, amount: float | None) -> None:
-        """Record that a request of this scope was dispatched at *now*."""
+        """Record that a request of this scope was dispatched at *now*, spending *amount*."""
 
     def record_done(now: float) -> None:
         """Record that a dispatched request of this scope has finished."""

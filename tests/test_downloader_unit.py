@@ -23,7 +23,13 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from slotkit import Downloader, GateClosedError, ThrottlingManager, scope_cache
+from slotkit import (
+    Downloader,
+    GateClosedError,
+    ThrottlingManager,
+    ThrottlingScopeManager,
+    scope_cache,
+)
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
 from slotkit.settings import SettingsError
 from slotkit.slots import SlotView
@@ -448,3 +454,34 @@ async def test_multi_scope_request_waits_for_the_shared_scope():
     assert math.isclose(len(downloader.slots["api"].transferring), 1)
     handler.finish(second.url)
     await settle()
+
+
+class AmountRecorder(ThrottlingScopeManager):
+    """Records the amounts slotkit hands to a scope manager."""
+
+    seen: list[float | None] = []
+
+    def record_sent(self, now: float, amount: float | None = None) -> None:
+        AmountRecorder.seen.append(amount)
+        super().record_sent(now, amount)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_without_amounts_spends_one_unit_in_every_manager():
+    """Custom managers get 1.0 when a request names no amount, its own amount otherwise.
+
+    A manager that counts ``amount or 0`` (the spec's fixed-window example)
+    would otherwise never limit plain requests.
+    """
+    AmountRecorder.seen = []
+    downloader, _clock = make_downloader({"THROTTLING_SCOPE_MANAGER": AmountRecorder})
+    handler = handler_of(downloader)
+    plain = Request("https://a.example/1")
+    costed = Request("https://a.example/2", meta={"throttling_scopes": {"a.example": 3.0}})
+    for request in (plain, costed):
+        outcome(downloader.fetch(request))
+        await settle()
+        handler.finish(request.url)
+        await settle()
+    assert AmountRecorder.seen == [1.0, 3.0]
+    downloader.close()
