@@ -49,12 +49,16 @@ def scope_kind(scope_id: str) -> str:
 
     Kinds only choose the default concurrency (``CONCURRENT_REQUESTS_PER_IP``,
     ``CONCURRENT_REQUESTS_PER_DOMAIN`` or ``THROTTLING_SCOPE_CONCURRENCY``).
-    A host name has a dot or is ``localhost``; ``api`` or
-    ``api.example/endpoint`` are custom scopes. A ``host:port`` id (a URL's
-    ``netloc``, as the spec's recipes return) is a site, so a domain scope,
-    whether its host is a name or an address.
+    A host name has a dot or is ``localhost``; ``api`` or ``cost`` are
+    custom scopes. A ``host:port`` id (a URL's ``netloc``, as the spec's
+    recipes return) is a site, so a domain scope, whether its host is a
+    name or an address; so is an endpoint of a site, ``host/path`` (the
+    spec's endpoint recipe treats endpoints "as different domains").
     """
     if host_of_netloc(scope_id) is not None:
+        return DOMAIN
+    site, slash, _ = scope_id.partition("/")
+    if slash and site and scope_kind(site) != CUSTOM:
         return DOMAIN
     # Only ids that start like an address can be one: skipping the parse (and
     # its exception) for host names keeps scope creation cheap at 10k+ hosts.

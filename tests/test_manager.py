@@ -148,7 +148,11 @@ def test_url_without_host_gives_the_empty_scope(crawler):
         ("example.com.", DOMAIN),
         ("api", CUSTOM),
         ("cost", CUSTOM),
-        ("api.toscrape.com/fast-endpoint", CUSTOM),
+        ("api.toscrape.com/fast-endpoint", DOMAIN),  # an endpoint of a site is a site
+        ("127.0.0.1:8080/v1/search", DOMAIN),
+        ("10.0.0.1/api", DOMAIN),
+        ("api/v1", CUSTOM),
+        ("/v1", CUSTOM),
         ("", CUSTOM),
         ("127.0.0.1:8080", DOMAIN),  # a netloc is a site, even with an address for a host
         ("example.com:8443", DOMAIN),
