@@ -31,6 +31,7 @@ from slotkit.scope_ids import (
     scope_cache,
     scope_kind,
 )
+from slotkit.validation import per_ip_limit
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -82,7 +83,7 @@ class ThrottlingManager:
         self.crawler = crawler
         self._controller: _ScopeController | None = None
         settings = crawler.settings
-        self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
+        self._per_ip = per_ip_limit(settings) > 0
         self._registrable = settings.get("THROTTLING_DOMAIN_GROUPING") == "registrable_domain"
         # One response is judged at a time; keeping its parsed headers lets
         # get_response_delay() and the quota bookkeeping share one parse.

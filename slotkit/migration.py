@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from slotkit.validation import _number, as_bool
+from slotkit.validation import _number, as_bool, per_ip_limit
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -147,7 +147,7 @@ def migration_report(settings: BaseSettings) -> list[Change]:
         changes.append(
             Change("DOWNLOAD_DELAY_JITTER", jitter, "replaces the boolean RANDOMIZE_DOWNLOAD_DELAY")
         )
-    if settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0:
+    if per_ip_limit(settings) > 0:
         changes.append(
             Change(
                 "SCHEDULER_PRIORITY_QUEUE",

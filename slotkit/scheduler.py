@@ -40,7 +40,7 @@ from scrapy.utils.misc import load_object
 
 from slotkit.clock import default_clock
 from slotkit.pqueue import ThrottlingAwarePriorityQueue, readiness_of
-from slotkit.validation import SettingsError
+from slotkit.validation import SettingsError, per_ip_limit
 
 if TYPE_CHECKING:
     from queuelib.queue import BaseQueue
@@ -260,7 +260,7 @@ def check_priority_queue(settings: BaseSettings) -> None:
     this says, earlier, what to set instead. Meant for the downloader's
     ``__init__`` (the engine builds the downloader before the scheduler).
     """
-    per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP")
+    per_ip = per_ip_limit(settings)
     if not per_ip:
         return
     scheduler = _loaded(settings.get("SCHEDULER"))

@@ -37,6 +37,7 @@ from slotkit.validation import (
     _number,
     as_bool,
     parse_jitter,
+    per_ip_setting,
 )
 
 if TYPE_CHECKING:
@@ -288,7 +289,7 @@ class ThrottlingSettings:
             ),
             ip_concurrency=_integer(
                 "CONCURRENT_REQUESTS_PER_IP",
-                settings.get("CONCURRENT_REQUESTS_PER_IP", 0),
+                per_ip_setting(settings),
                 minimum=0,
             ),
             scope_concurrency=_integer(

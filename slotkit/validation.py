@@ -9,9 +9,12 @@ from __future__ import annotations
 import contextlib
 import difflib
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["NO_JITTER", "Jitter", "SettingsError", "parse_jitter"]
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+__all__ = ["NO_JITTER", "Jitter", "SettingsError", "parse_jitter", "per_ip_limit", "per_ip_setting"]
 
 #: Relative jitter bounds: the delay is multiplied by ``1 + uniform(low, high)``.
 Jitter = tuple[float, float]
@@ -109,3 +112,20 @@ def as_bool(settings: Any, name: str, default: bool = False) -> bool:
         raise SettingsError(
             f"{name} must be True or False (got {_describe(settings.get(name))})"
         ) from None
+
+
+def per_ip_setting(settings: BaseSettings) -> Any:
+    """``CONCURRENT_REQUESTS_PER_IP`` as set (0 if unset), read without a warning.
+
+    Scrapy 2.19 warns on every ``get`` of a non-zero value that the setting
+    is deprecated in favour of per-domain limits. In slotkit it has a meaning
+    of its own (IP scopes), so reading it is no use of a deprecated feature;
+    indexing the settings skips that warning.
+    """
+    value = settings["CONCURRENT_REQUESTS_PER_IP"]
+    return 0 if value is None else value
+
+
+def per_ip_limit(settings: BaseSettings) -> int:
+    """``CONCURRENT_REQUESTS_PER_IP`` as an int (see :func:`per_ip_setting`)."""
+    return int(per_ip_setting(settings))

@@ -559,3 +559,17 @@ def test_download_slots_unknown_key_warns_like_scrapy_ignores(caplog):
     assert config.scope_config("a", DOMAIN).delay == 1.0
     assert "DOWNLOAD_SLOTS['a'] has an unknown key 'concurency'" in caplog.text
     assert "did you mean 'concurrency'?" in caplog.text
+
+
+def test_per_ip_limit_is_read_without_scrapys_deprecation_warning():
+    """CONCURRENT_REQUESTS_PER_IP means IP scopes in slotkit: reading it is no deprecated use."""
+    import warnings
+
+    from slotkit.validation import per_ip_limit
+
+    settings = Settings({"CONCURRENT_REQUESTS_PER_IP": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ThrottlingSettings.from_settings(settings).ip_concurrency == 2
+        assert per_ip_limit(settings) == 2
+        assert per_ip_limit(Settings()) == 0
