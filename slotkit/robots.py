@@ -3,7 +3,8 @@
 Scrapy's RobotsTxtMiddleware sends ``robots_parsed`` once per site; this
 module reads the site's ``Crawl-delay`` for the crawl's user agent from it
 (``RobotParser.crawl_delay``) and makes it the site scope's delay, capped at
-``THROTTLING_ROBOTSTXT_MAX_DELAY``, with a concurrency of 1. The values
+``THROTTLING_ROBOTSTXT_MAX_DELAY``, with a concurrency of 1. It is a floor:
+jitter may lengthen the gap, never shorten it. The values
 survive scope eviction: a Crawl-delay describes the site, not the run.
 
 Values set explicitly for the scope (``THROTTLING_SCOPES`` or
@@ -53,6 +54,11 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
     else:
         delay = crawl_delay
         sources["delay"] = ROBOTS
+    jitter = config.jitter
+    if sources["delay"] == ROBOTS and jitter[0] < 0:
+        # The site asked for at least this gap: jitter may lengthen it, never
+        # shorten it (RANDOMIZE_DOWNLOAD_DELAY's ±50% would go to half).
+        jitter = (0.0, max(0.0, jitter[1]))
     if sources.get("concurrency") in explicit:
         if concurrency > 1:
             faster.append(f"concurrency {concurrency} (robots.txt implies 1)")
@@ -62,6 +68,7 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
     updated = replace(
         config,
         delay=delay,
+        jitter=jitter,
         concurrency=concurrency,
         min_concurrency=min(config.min_concurrency, concurrency),
         sources=sources,
@@ -137,3 +144,7 @@ class CrawlDelays:
         """Bring a scope that already exists to the robots-adjusted *config*."""
         scope.manager.set_base_delay(config.delay)
         scope.manager.set_concurrency(config.concurrency)
+        # Not part of the scope-manager interface: managers without jitter skip it.
+        set_jitter = getattr(scope.manager, "set_jitter", None)
+        if callable(set_jitter):
+            set_jitter(config.jitter)

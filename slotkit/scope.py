@@ -234,6 +234,12 @@ class ThrottlingScopeManager:
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))
 
+    def set_jitter(self, jitter: Jitter) -> None:
+        """Use *jitter* from now on; the running gap's factor moves into its range."""
+        self.jitter = jitter
+        low, high = jitter
+        self._factor = min(max(self._factor, 1.0 + low), max(0.0, 1.0 + high))
+
     def set_concurrency(self, concurrency: int) -> None:
         self.concurrency = max(self.min_concurrency, int(concurrency))
         self.max_concurrency = max(self.max_concurrency, self.concurrency)

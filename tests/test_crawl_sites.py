@@ -49,6 +49,24 @@ async def test_crawl_delay_paces_one_request_at_a_time(mock_site: MockSite) -> N
 
 
 @pytest_twisted.ensureDeferred
+async def test_crawl_delay_is_a_floor_under_default_jitter(mock_site: MockSite) -> None:
+    """With RANDOMIZE_DOWNLOAD_DELAY's ±50 % on, no gap is shorter than the Crawl-delay.
+
+    An acceptance probe saw 0.19 s gaps under a 0.3 s Crawl-delay: the jitter
+    drawn for the robots.txt request itself, and the jitter's lower half.
+    """
+    mock_site.set_robots(HOST, f"User-agent: *\nCrawl-delay: {CRAWL_DELAY}\n")
+    urls = pages(mock_site, HOST, 6)
+    settings = {"DOWNLOADER": "slotkit.Downloader", "ROBOTSTXT_OBEY": True}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 6
+    arrivals = mock_site.recorder.arrivals(HOST)  # robots.txt first, then the pages
+    gaps = [b - a for a, b in pairwise(arrivals)]
+    assert min(gaps) >= CRAWL_DELAY - 0.01
+    assert max(gaps) <= CRAWL_DELAY * 1.5 + 0.1
+
+
+@pytest_twisted.ensureDeferred
 async def test_crawl_delay_is_capped(mock_site: MockSite) -> None:
     """A Crawl-delay above THROTTLING_ROBOTSTXT_MAX_DELAY is cut to the cap."""
     mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 3600\n")
