@@ -41,6 +41,8 @@ class SpiderClosing:
     _store: ScopeStateStore | None
     _saved: dict[str, dict[str, float]]
     _closing_reason: str | None
+    #: Set as the spider closes: requests cut off at the gate go back to the scheduler.
+    _requeue_at_close: bool = False
 
     def _engine_started(self) -> None:
         engine = self.crawler.engine
@@ -55,19 +57,18 @@ class SpiderClosing:
     def _spider_closing(self, reason: str) -> None:
         """The spider is closing: requests still waiting for their scopes end now.
 
-        With ``JOBDIR`` they go back to the scheduler first (not filtered as
-        duplicates), so the paused crawl sends them after it resumes.
+        Without ``JOBDIR`` they fail with :class:`~slotkit.GateClosedError`.
+        With it they end as a copy of themselves (not filtered as a
+        duplicate), which the engine puts back in the scheduler as it does a
+        redirect, before the scheduler saves the job: the resumed crawl sends
+        them, and the first run never reports them as failures (see
+        :meth:`slotkit.Downloader._download`).
         """
         if self._closing_reason is not None:
             return
         self._closing_reason = reason
+        self._requeue_at_close = self._store is not None
         waiting = [waiter.request for waiter in self.gate.waiting]
-        if waiting and self._store is not None:
-            scheduler = getattr(getattr(self.crawler.engine, "_slot", None), "scheduler", None)
-            if scheduler is not None:
-                for request in waiting:
-                    scheduler.enqueue_request(request.replace(dont_filter=True))
-                self.stats.inc("requests_requeued", len(waiting))
         self._save_states()
         if waiting:
             logger.info(

@@ -57,6 +57,8 @@ async def test_resume_during_retry_after_waits_for_the_deadline(
     assert first.finish_reason == "closespider_timeout"
     assert mock_site.recorder.count(HOST) == 1
     assert first.stats["throttling/requests_requeued"] == 1
+    # Put back, not failed: the spider's errback never hears of the paused request.
+    assert first.errors == []
 
     mock_site.recorder.clear()
     second = await run_crawl(
