@@ -242,6 +242,16 @@ class Downloader(ScopeControl, SpiderClosing):
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
             self._kind_hints.setdefault(str(slot), DOMAIN)
+        for scope_id in scopes:
+            # A single-label host ("vm", a docker-compose service, an intranet
+            # name) has no dot to tell it from a custom scope such as "api";
+            # being the request's own host says it is a site.
+            if (
+                "." not in scope_id
+                and scope_id not in self._kind_hints
+                and scope_id == urlparse_cached(request).hostname
+            ):
+                self._kind_hints[scope_id] = DOMAIN
         return scopes
 
     # The path of one request

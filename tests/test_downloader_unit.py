@@ -485,3 +485,25 @@ async def test_a_request_without_amounts_spends_one_unit_in_every_manager():
         await settle()
     assert AmountRecorder.seen == [1.0, 3.0]
     downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_single_label_host_is_a_site_not_a_custom_scope():
+    """``https://vm/`` gets CONCURRENT_REQUESTS_PER_DOMAIN; a custom ``"api"`` scope does not.
+
+    Found by an acceptance probe: hosts from /etc/hosts or docker-compose
+    (no dot in the name) ran one request at a time.
+    """
+    downloader, _clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 4})
+    handler = handler_of(downloader)
+    site = Request("https://vm/1")
+    custom = Request("https://a.example/1", meta={"throttling_scopes": "api"})
+    for request in (site, custom):
+        outcome(downloader.fetch(request))
+    await settle()
+    assert downloader.slots["vm"].concurrency == 4
+    assert downloader.slots["api"].concurrency == 1
+    for request in (site, custom):
+        handler.finish(request.url)
+    await settle()
+    downloader.close()

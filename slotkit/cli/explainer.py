@@ -7,6 +7,8 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from scrapy.utils.httpobj import urlparse_cached
+
 from slotkit.cli.common import CommandError, _origin
 from slotkit.cli.explanation import NOTE_PROVIDERS, ExplainContext, Explanation, Value
 from slotkit.cli.formatting import _class_path, _seconds
@@ -132,10 +134,13 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
     context = ExplainContext(settings, config)
     slot = request.meta.get(DOWNLOAD_SLOT)
     user_slot = str(slot) if slot is not None and slot != request.meta.get(AUTO_SLOT) else None
+    host = urlparse_cached(request).hostname
     explained = []
     for index, (scope_id, amount) in enumerate(scopes.items()):
-        # Mirror the downloader: DOWNLOAD_SLOTS keys and a user's download_slot are domain-like.
-        kind = DOMAIN if scope_id in config.slots or scope_id == user_slot else scope_kind(scope_id)
+        # Mirror the downloader: DOWNLOAD_SLOTS keys, a user's download_slot and
+        # the request's own host (even a single-label one) are domain-like.
+        site_like = scope_id in config.slots or scope_id in (user_slot, host)
+        kind = DOMAIN if site_like else scope_kind(scope_id)
         explained.append(_explain_scope(context, scope_id, kind, index == 0, amount))
 
     crawl = {
