@@ -22,7 +22,8 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.python.failure import Failure
 
 from slotkit.clock import default_clock
 from slotkit.closing import SpiderClosing
@@ -335,6 +336,11 @@ class Downloader(ScopeControl, SpiderClosing):
             try:
                 response: Response = await self.handlers.download_request_async(request)
             except Exception as exc:
+                if _cut_by_cancel(exc):
+                    # The caller cancelled the fetch (plain Twisted reactor: it
+                    # arrives as a failed response). That says nothing about
+                    # the site, and a retry would undo the cancel.
+                    raise CancelledError(f"the download of {request} was cancelled") from exc
                 backoff = await _resolved(self.manager.get_exception_backoff(request, exc))
                 self.backoff.apply(ticket, backoff, reason=type(exc).__name__)
                 raise
@@ -387,6 +393,19 @@ class Downloader(ScopeControl, SpiderClosing):
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
+
+
+def _cut_by_cancel(exc: BaseException) -> bool:
+    """Whether *exc* is a transfer cut off by cancelling its Deferred.
+
+    Twisted's HTTP client reports that as a response never received whose
+    reasons hold a CancelledError, and Scrapy wraps it in DownloadFailedError.
+    """
+    for error in (exc, exc.__cause__):
+        for reason in getattr(error, "reasons", None) or ():
+            if isinstance(reason, Failure) and reason.check(CancelledError):
+                return True
+    return False
 
 
 def _needs_await(value: Any) -> bool:

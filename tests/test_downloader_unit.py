@@ -507,3 +507,33 @@ async def test_a_single_label_host_is_a_site_not_a_custom_scope():
         handler.finish(request.url)
     await settle()
     downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_transfer_cut_by_cancelling_is_no_backoff_signal():
+    """A download cut off by a cancel ends in CancelledError and backs nothing off.
+
+    On the plain Twisted reactor a cancelled in-flight fetch reaches slotkit
+    as DownloadFailedError from a response never received; an acceptance
+    probe saw it retried and the host backed off as if the site had failed.
+    """
+    from scrapy.exceptions import DownloadFailedError
+    from twisted.web._newclient import ResponseNeverReceived
+
+    downloader, _clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    handler = handler_of(downloader)
+    request = Request("https://a.example/1", meta={"dont_retry": True})
+    box = outcome(downloader.fetch(request))
+    await settle()
+    (_, pending) = handler.pending.pop()
+    try:
+        raise DownloadFailedError("cut") from ResponseNeverReceived([Failure(CancelledError())])
+    except DownloadFailedError as exc:
+        pending.errback(Failure(exc))
+    await settle()
+    assert isinstance(box[0], Failure)
+    assert box[0].check(CancelledError)
+    assert downloader.registry.get("a.example").manager.backoff_delay is None
+    stats = downloader.crawler.stats.get_stats()
+    assert not [name for name in stats if name.startswith("throttling/backoff/")]
+    downloader.close()
