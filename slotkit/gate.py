@@ -114,6 +114,11 @@ class Gate:
         #: Waiters not yet dispatched (parked or held by a per-request delay).
         self.waiting: set[Waiter] = set()
 
+    @property
+    def clock(self) -> IReactorTime:
+        """The time source the gate decides on."""
+        return self._clock
+
     # Entering
 
     def try_acquire(

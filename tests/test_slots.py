@@ -120,17 +120,26 @@ def test_concurrency_get_and_set_repokes_the_scope():
     assert second.called
 
 
-def test_lastseen_is_the_last_dispatch_time():
-    """lastseen is 0 before any dispatch, then the clock time of the latest one."""
+def test_lastseen_is_the_last_dispatch_on_stocks_clock(monkeypatch: pytest.MonkeyPatch):
+    """lastseen is 0 before any dispatch, then the latest one on stock's monotonic clock.
+
+    Plugins written for the stock Slot compute ``monotonic() - lastseen``.
+    """
+    import slotkit.slots
+
     clock = Clock()
     clock.advance(100.0)
+    monotonic = [7.0]
+    monkeypatch.setattr(slotkit.slots, "stock_clock", lambda: monotonic[0])
     slot, scope, gate, _ = make_slot(clock=clock)
     assert slot.lastseen == 0.0
     acquire(gate, scope, "a")
-    assert slot.lastseen == 100.0
+    assert slot.lastseen == 7.0
     clock.advance(5.0)
+    monotonic[0] += 5.0
+    assert slot.lastseen == 7.0  # still the first dispatch, 5 s ago on both clocks
     acquire(gate, scope, "b")
-    assert slot.lastseen == 105.0
+    assert slot.lastseen == 12.0
 
 
 def test_free_transfer_slots():
