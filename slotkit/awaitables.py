@@ -10,10 +10,14 @@ yields the value itself, so both styles work against the same base class.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Generator
 from typing import Any, TypeVar
 
-__all__ = ["AwaitableDict", "AwaitableList", "AwaitableStr", "awaitable"]
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet.defer import Deferred
+
+__all__ = ["AwaitableDict", "AwaitableList", "AwaitableStr", "awaitable", "needs_await", "resolved"]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -55,3 +59,19 @@ def awaitable(value: _V) -> _V:
     elif isinstance(value, (list, tuple, set, frozenset)):
         result = AwaitableList(value)
     return result  # type: ignore[no-any-return]  # same value, awaitable too
+
+
+def needs_await(value: Any) -> bool:
+    """Whether a user method's result must be awaited (not a plain or self-awaiting value)."""
+    if value is None or isinstance(value, (str, list, dict, set, tuple, frozenset)):
+        return False
+    return isinstance(value, Deferred) or inspect.isawaitable(value)
+
+
+async def resolved(value: Any) -> Any:
+    """*value*, awaited if a user method returned a coroutine or a Deferred."""
+    if isinstance(value, Deferred):
+        return await maybe_deferred_to_future(value)
+    if inspect.isawaitable(value):
+        return await value
+    return value

@@ -23,8 +23,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.python.failure import Failure
 
+from slotkit.awaitables import needs_await, resolved
 from slotkit.clock import default_clock
 from slotkit.closing import SpiderClosing
 from slotkit.feedback import Feedback, current_request
@@ -37,6 +37,7 @@ from slotkit.manager import (
     normalize_scopes,
 )
 from slotkit.migration import silence_autothrottle
+from slotkit.outcomes import cut_by_cancel
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
@@ -237,24 +238,6 @@ class Downloader(ScopeControl, SpiderClosing):
         key = self.get_slot_key(request)
         return key, view_of(self.registry.get(key), self.gate)
 
-    def _normalized_scopes(self, request: Request, raw: Any) -> dict[str, float | None]:
-        scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
-        meta = request.meta
-        slot = meta.get(DOWNLOAD_SLOT)
-        if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
-            self._kind_hints.setdefault(str(slot), DOMAIN)
-        for scope_id in scopes:
-            # A single-label host ("vm", a docker-compose service, an intranet
-            # name) has no dot to tell it from a custom scope such as "api";
-            # being the request's own host says it is a site.
-            if (
-                "." not in scope_id
-                and scope_id not in self._kind_hints
-                and scope_id == urlparse_cached(request).hostname
-            ):
-                self._kind_hints[scope_id] = DOMAIN
-        return scopes
-
     # The path of one request
 
     async def _download(self, request: Request) -> Response | Request:
@@ -268,8 +251,8 @@ class Downloader(ScopeControl, SpiderClosing):
            reached once, downloaded per transfer, left once.
         """
         raw = self._get_scopes(request)
-        if _needs_await(raw):  # the common, synchronous case skips a coroutine
-            raw = await _resolved(raw)
+        if needs_await(raw):  # the common, synchronous case skips a coroutine
+            raw = await resolved(raw)
         scopes_amounts = self._normalized_scopes(request, raw)
         scopes = self.registry.scopes_for(scopes_amounts)
         # A request that names no amount spends one unit of each quota, for
@@ -336,12 +319,12 @@ class Downloader(ScopeControl, SpiderClosing):
             try:
                 response: Response = await self.handlers.download_request_async(request)
             except Exception as exc:
-                if _cut_by_cancel(exc):
+                if cut_by_cancel(exc):
                     # The caller cancelled the fetch (plain Twisted reactor: it
                     # arrives as a failed response). That says nothing about
                     # the site, and a retry would undo the cancel.
                     raise CancelledError(f"the download of {request} was cancelled") from exc
-                backoff = await _resolved(self.manager.get_exception_backoff(request, exc))
+                backoff = await resolved(self.manager.get_exception_backoff(request, exc))
                 self.backoff.apply(ticket, backoff, reason=type(exc).__name__)
                 raise
             if response.request is None:
@@ -357,8 +340,8 @@ class Downloader(ScopeControl, SpiderClosing):
             token = current_request.set(request)
             try:
                 backoff = self.manager.get_response_backoff(response)
-                if _needs_await(backoff):
-                    backoff = await _resolved(backoff)
+                if needs_await(backoff):
+                    backoff = await resolved(backoff)
             finally:
                 current_request.reset(token)
             self.backoff.apply(ticket, backoff, reason=str(response.status))
@@ -393,35 +376,6 @@ class Downloader(ScopeControl, SpiderClosing):
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
-
-
-def _cut_by_cancel(exc: BaseException) -> bool:
-    """Whether *exc* is a transfer cut off by cancelling its Deferred.
-
-    Twisted's HTTP client reports that as a response never received whose
-    reasons hold a CancelledError, and Scrapy wraps it in DownloadFailedError.
-    """
-    for error in (exc, exc.__cause__):
-        for reason in getattr(error, "reasons", None) or ():
-            if isinstance(reason, Failure) and reason.check(CancelledError):
-                return True
-    return False
-
-
-def _needs_await(value: Any) -> bool:
-    """Whether a user method's result must be awaited (not a plain or self-awaiting value)."""
-    if value is None or isinstance(value, (str, list, dict, set, tuple, frozenset)):
-        return False
-    return isinstance(value, Deferred) or inspect.isawaitable(value)
-
-
-async def _resolved(value: Any) -> Any:
-    """*value*, awaited if a user method returned a coroutine or a Deferred."""
-    if isinstance(value, Deferred):
-        return await maybe_deferred_to_future(value)
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 def _request_delay(request: Request) -> float:

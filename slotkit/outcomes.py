@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["Backoff", "ScopeBackoff", "update_scope_backoff"]
+from twisted.internet.defer import CancelledError
+from twisted.python.failure import Failure
+
+__all__ = ["Backoff", "ScopeBackoff", "cut_by_cancel", "update_scope_backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +54,16 @@ def update_scope_backoff(
         changes["remaining"] = remaining
     result[scope] = replace(record, **changes)
     return result
+
+
+def cut_by_cancel(exc: BaseException) -> bool:
+    """Whether *exc* is a transfer cut off by cancelling its Deferred.
+
+    Twisted's HTTP client reports that as a response never received whose
+    reasons hold a CancelledError, and Scrapy wraps it in DownloadFailedError.
+    """
+    for error in (exc, exc.__cause__):
+        for reason in getattr(error, "reasons", None) or ():
+            if isinstance(reason, Failure) and reason.check(CancelledError):
+                return True
+    return False

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.httpobj import urlparse_cached
 
 from slotkit.registry import Scope
 from slotkit.robots import apply_crawl_delay
-from slotkit.scope_ids import host_of_netloc, scope_kind
+from slotkit.scope_ids import (
+    AUTO_SLOT,
+    DOWNLOAD_SLOT,
+    host_of_netloc,
+    normalize_scopes,
+    scope_kind,
+)
 from slotkit.scope_managers import create_scope_manager
+from slotkit.settings import DOMAIN
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -55,6 +64,31 @@ class ScopeControl:
     _evicted_recoveries: int
     _scope_ids: WeakKeyDictionary[Request, list[str]]
     _recoveries_seen: dict[str, int]
+    manager: Any
+
+    def _normalized_scopes(self, request: Request, raw: Any) -> dict[str, float | None]:
+        """*raw* (what ``get_scopes`` gave) as scope id -> amount, noting site-like ids.
+
+        A user's ``download_slot`` and the request's own host name a site even
+        when their id alone would read as a custom scope; the hint decides
+        the kind (and so the default concurrency) when the scope is created.
+        """
+        scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
+        meta = request.meta
+        slot = meta.get(DOWNLOAD_SLOT)
+        if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
+            self._kind_hints.setdefault(str(slot), DOMAIN)
+        for scope_id in scopes:
+            # A single-label host ("vm", a docker-compose service, an intranet
+            # name) has no dot to tell it from a custom scope such as "api";
+            # being the request's own host says it is a site.
+            if (
+                "." not in scope_id
+                and scope_id not in self._kind_hints
+                and scope_id == urlparse_cached(request).hostname
+            ):
+                self._kind_hints[scope_id] = DOMAIN
+        return scopes
 
     def scope_config(self, scope_id: str, kind: str | None = None) -> ScopeConfig:
         """The resolved configuration a new scope *scope_id* gets now.
