@@ -27,6 +27,7 @@ from slotkit.validation import (
 logger = logging.getLogger("slotkit")
 
 __all__ = [
+    "DEFAULT_THROTTLING_SCOPES",
     "RAMPUP_KEYS",
     "RESERVED_SCOPE_KEYS",
     "SCOPE_KEYS",
@@ -38,6 +39,15 @@ __all__ = [
     "slot_entry",
     "validate_scope_entry",
 ]
+
+#: ``THROTTLING_SCOPES`` when the project does not set it: the site of
+#: Scrapy's tutorial is a sandbox made to be crawled, so it may go fast.
+#: Setting ``THROTTLING_SCOPES`` (even to ``{}``) replaces it, as with any
+#: Scrapy dict setting.
+DEFAULT_THROTTLING_SCOPES: dict[str, dict[str, Any]] = {
+    "quotes.toscrape.com": {"concurrency": 16, "delay": 0.0},
+}
+
 
 #: Keys a ``THROTTLING_SCOPES`` entry may carry.
 SCOPE_KEYS = frozenset(

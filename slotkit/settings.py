@@ -19,6 +19,7 @@ from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
 from slotkit.migration import AutoThrottleMapping, autothrottle_mapping
 from slotkit.rampup import RampupConfig
 from slotkit.scope_entries import (
+    DEFAULT_THROTTLING_SCOPES,
     RESERVED_SCOPE_KEYS,
     SCOPE_KEYS,
     load_class,
@@ -52,15 +53,6 @@ __all__ = [
     "SettingsError",
     "parse_jitter",
 ]
-
-
-#: ``THROTTLING_SCOPES`` when the project does not set it: the site of
-#: Scrapy's tutorial is a sandbox made to be crawled, so it may go fast.
-#: Setting ``THROTTLING_SCOPES`` (even to ``{}``) replaces it, as with any
-#: Scrapy dict setting.
-DEFAULT_THROTTLING_SCOPES: dict[str, dict[str, Any]] = {
-    "quotes.toscrape.com": {"concurrency": 16, "delay": 0.0},
-}
 
 
 def _dict_setting(settings: BaseSettings, name: str) -> Any:
