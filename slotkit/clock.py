@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
-__all__ = ["AsyncioClock", "default_clock"]
+__all__ = ["AsyncioClock", "default_clock", "stock_clock"]
 
 
 @implementer(IDelayedCall)
@@ -110,3 +111,9 @@ def default_clock() -> IReactorTime:
             "start the crawl with Scrapy's CrawlerProcess/AsyncCrawlerProcess"
         ) from None
     return AsyncioClock(loop)
+
+
+#: The clock stock Scrapy 2.19 stamps ``Slot.lastseen`` with, which plugins
+#: compare against. slotkit decides nothing on it: the ``slots`` view only
+#: translates its last dispatch onto it (tests replace it).
+stock_clock: Callable[[], float] = time.monotonic  # noqa: TID251 - stock's own clock

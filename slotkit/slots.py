@@ -10,11 +10,12 @@ scope-manager calls, so the scope stays the one source of truth.
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
+
+from slotkit import clock
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -23,11 +24,6 @@ if TYPE_CHECKING:
     from slotkit.registry import Scope, ScopeRegistry
 
 __all__ = ["SlotView", "SlotsView"]
-
-
-#: The clock stock Scrapy 2.19 stamps ``Slot.lastseen`` with. The one place
-#: slotkit reads a clock of its own: to translate into stock's; tests replace it.
-stock_clock: Callable[[], float] = time.monotonic  # noqa: TID251 - stock stamps with it
 
 
 class SlotView:
@@ -92,17 +88,17 @@ class SlotView:
 
     @property
     def lastseen(self) -> float:
-        """When the scope last dispatched, on stock Scrapy's clock (``time.monotonic``); 0: never.
+        """When the scope last dispatched, on stock Scrapy's clock; 0: never.
 
-        Stock ``Slot.lastseen`` is a ``monotonic()`` reading, so plugins
-        compute ages as ``monotonic() - slot.lastseen``; slotkit's own time
-        (the reactor's) is converted to keep those ages right.
+        Plugins take a stock ``Slot.lastseen`` as a reading of
+        :data:`slotkit.clock.stock_clock` and compute ages against it, so the
+        last dispatch (on the reactor's clock) is translated onto that one.
         """
         last_sent = getattr(self._scope.manager, "last_sent", None)
         if not last_sent:
             return 0.0
         age = self._gate.clock.seconds() - float(last_sent)
-        return stock_clock() - age
+        return clock.stock_clock() - age
 
     @property
     def latercall(self) -> Any:

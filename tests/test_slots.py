@@ -125,12 +125,12 @@ def test_lastseen_is_the_last_dispatch_on_stocks_clock(monkeypatch: pytest.Monke
 
     Plugins written for the stock Slot compute ``monotonic() - lastseen``.
     """
-    import slotkit.slots
+    import slotkit.clock
 
     clock = Clock()
     clock.advance(100.0)
     monotonic = [7.0]
-    monkeypatch.setattr(slotkit.slots, "stock_clock", lambda: monotonic[0])
+    monkeypatch.setattr(slotkit.clock, "stock_clock", lambda: monotonic[0])
     slot, scope, gate, _ = make_slot(clock=clock)
     assert slot.lastseen == 0.0
     acquire(gate, scope, "a")
