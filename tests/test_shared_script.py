@@ -55,17 +55,16 @@ def with_releases(k, argv, lease, scopes, concs):
     return k, [*argv[:4], str(len(scopes)), *triples, *argv[5:]]
 
 
+def one_scope_head(op, now, worker):
+    """How one-scope ``backoff`` / ``quota`` calls start: no releases, key TTL, 1 scope."""
+    return [op, fmt(now), worker, fmt(5.0), "0", fmt(600.0), "1"]
+
+
 def backoff_argv(now, worker, hold, age, delay=1.0, cd=0.0, bwin=5.0, scope=None):
     """One ``backoff`` call; *scope* (a config of ``random_ops``) adds its rampup arguments."""
     s = scope or {}
     return [
-        "backoff",
-        fmt(now),
-        worker,
-        fmt(5.0),
-        "0",
-        fmt(600.0),
-        "1",
+        *one_scope_head("backoff", now, worker),
         fmt(hold),
         fmt(age),
         fmt(s.get("delay", delay)),
@@ -102,13 +101,7 @@ def release_argv(now, worker, lease, concs):
 
 def quota_argv(now, worker, consumed, remaining, quota, window):
     return [
-        "quota",
-        fmt(now),
-        worker,
-        fmt(5.0),
-        "0",
-        fmt(600.0),
-        "1",
+        *one_scope_head("quota", now, worker),
         fmt(consumed),
         fmt(remaining),
         fmt(quota),
