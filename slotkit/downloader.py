@@ -205,7 +205,8 @@ class Downloader(ScopeControl, SpiderClosing):
     def _sync_scopes_of(self, request: Request) -> dict[str, float | None]:
         """The scopes of *request* when ``get_scopes`` answers without awaiting, else ``{}``."""
         if self._default_get_scopes:
-            return normalize_scopes(self.manager._default_scopes(request))
+            scopes = self.manager._default_scopes(request)
+            return {scopes: None} if type(scopes) is str else normalize_scopes(scopes)
         if not self._sync_scopes:
             return {}
         try:
@@ -250,9 +251,13 @@ class Downloader(ScopeControl, SpiderClosing):
            :mod:`slotkit.resend`). The signals match the stock downloader's:
            reached once, downloaded per transfer, left once.
         """
-        raw = self._get_scopes(request)
-        if needs_await(raw):  # the common, synchronous case skips a coroutine
-            raw = await resolved(raw)
+        if self._default_get_scopes:
+            # The stock manager's answer needs neither its awaitable wrapper nor a check.
+            raw = self.manager._default_scopes(request)
+        else:
+            raw = self._get_scopes(request)
+            if needs_await(raw):  # the common, synchronous case skips a coroutine
+                raw = await resolved(raw)
         scopes_amounts = self._normalized_scopes(request, raw)
         scopes = self.registry.scopes_for(scopes_amounts)
         # A request that names no amount spends one unit of each quota, for

@@ -211,7 +211,8 @@ class Gate:
             scope.discard_done(request)
             scope.manager.record_done(now)
         for scope in ticket.scopes:
-            self.poke(scope)
+            if scope.waiters:  # nobody parked here: nothing a poke could admit
+                self.poke(scope)
 
     def _cancel(self, waiter: Waiter) -> None:
         if waiter.dispatched or waiter.cancelled:

@@ -162,7 +162,13 @@ class ThrottlingScopeManager:
         self._settle(now)
         self.active += 1
         self.last_sent = now
-        self._factor = self._draw_factor()
+        # _draw_factor() inlined: this runs once per request.
+        low, high = self.backoff.jitter if self.backoff_delay is not None else self.jitter
+        if low == high == 0.0:
+            self._factor = 1.0
+        else:
+            factor = 1.0 + self._rng.uniform(low, high)
+            self._factor = factor if factor > 0.0 else 0.0
         if self.quota is not None:
             self.quota.spend(now, 1.0 if amount is None else amount)
         if self.rampup is not None:
@@ -292,7 +298,8 @@ class ThrottlingScopeManager:
 
     def _settle(self, now: float) -> None:
         """Apply the recovery and rampup steps due by *now*."""
-        self._recover(now)
+        if self.backoff_delay is not None:  # checked here: most scopes never back off
+            self._recover(now)
         if self.rampup is not None and now >= self.rampup.window_end:
             step = self.rampup.settle(
                 now,

@@ -73,7 +73,10 @@ class ScopeControl:
         when their id alone would read as a custom scope; the hint decides
         the kind (and so the default concurrency) when the scope is created.
         """
-        scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
+        if type(raw) is str:  # the default manager's answer: skip building the error context
+            scopes: dict[str, float | None] = {raw: None}
+        else:
+            scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
         meta = request.meta
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
