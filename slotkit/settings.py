@@ -356,8 +356,9 @@ class ThrottlingSettings:
             "manager": self.scope_manager,
             "quota": None,
             "window": self.window,
+            # AutoThrottle steered every slot; a site may be a name or an address.
             "rampup": {}
-            if kind == DOMAIN and self.autothrottle and self.autothrottle.rampup
+            if kind != CUSTOM and self.autothrottle and self.autothrottle.rampup
             else None,
             "ignore_robots_txt": False,
         }

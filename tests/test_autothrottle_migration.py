@@ -33,6 +33,8 @@ def test_mapping_applies_to_scope_configs() -> None:
     assert config.sources["delay"] == "AutoThrottle mapping"
     assert settings.debug
     assert settings.scope_config("api", "custom").rampup is None
+    # A site reached by its address (a crawl of 127.0.0.1) is a site too.
+    assert settings.scope_config("127.0.0.1", "ip").rampup is not None
 
 
 def test_explicit_slotkit_settings_win() -> None:
@@ -73,12 +75,15 @@ async def test_crawl_with_autothrottle_settings(mock_site: MockSite, extension: 
         from scrapy import signals
 
         def downloaded(response: Any, request: Any, spider: Any) -> None:
-            delays.append(crawler.engine.downloader.slots["127.0.0.1"].delay)
+            downloader = crawler.engine.downloader
+            delays.append(downloader.slots["127.0.0.1"].delay)
+            rampups.append(downloader.registry.peek("127.0.0.1").manager.rampup is not None)
 
         crawler.signals.connect(downloaded, signal=signals.response_downloaded)
         keep.append(downloaded)
 
     keep: list[Any] = []
+    rampups: list[bool] = []
     urls = [mock_site.url("127.0.0.1", f"/page/{i}", delay=0.05) for i in range(4)]
     with pytest.warns(ScrapyDeprecationWarning, match="AUTOTHROTTLE_ENABLED is deprecated"):
         result = await run_crawl(ListSpider, settings, urls=urls, on_crawler=watch)
@@ -86,3 +91,4 @@ async def test_crawl_with_autothrottle_settings(mock_site: MockSite, extension: 
     assert result.log_text.count("AUTOTHROTTLE_ENABLED is set") == 1
     # AutoThrottle would move the delay toward the latency; slotkit keeps the mapped one.
     assert set(delays) == {0.1}
+    assert rampups and all(rampups)  # AUTOTHROTTLE_TARGET_CONCURRENCY -> rampup
