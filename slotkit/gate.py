@@ -207,9 +207,14 @@ class Gate:
         ticket.released = True
         now = self._clock.seconds()
         request = ticket.request
-        for scope in ticket.scopes:
+        for scope, amount in zip(ticket.scopes, ticket.amounts, strict=True):
             scope.discard_done(request)
-            scope.manager.record_done(now)
+            manager = scope.manager
+            finished = getattr(manager, "record_finished", None)
+            if finished is not None:  # slotkit's own managers: which request ended matters
+                finished(now, ticket.sent_at, amount)
+            else:
+                manager.record_done(now)
         for scope in ticket.scopes:
             if scope.waiters:  # nobody parked here: nothing a poke could admit
                 self.poke(scope)

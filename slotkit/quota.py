@@ -1,10 +1,14 @@
 """Quota bookkeeping for one scope: at most ``quota`` units in any ``window``.
 
-The window slides: every dispatch is remembered until ``window`` seconds
-after it happened, so no interval of ``window`` seconds ever holds more than
-``quota`` units. That guarantee holds whatever fixed windows the server
-counts in, which a window started at our first request cannot promise; over
-a long crawl the quota is still spent in full.
+The window slides, and a unit is counted from its request's dispatch until
+``window`` seconds after that request *finished* (its response came back or
+it failed). A server counts a request when it arrives, which is somewhere
+between those two moments; counting the unit until a window after the later
+one means no interval of ``window`` seconds at the server ever holds more
+than ``quota`` units, whatever windows the server counts in (fixed, aligned
+to the first request, or sliding) and however long the first request took
+to connect. The price is the response time, once per window: over a long
+crawl the quota is spent at ``quota`` per ``window + latency``.
 
 A request larger than the whole quota is let through alone (when nothing
 else is counted), instead of waiting forever. What the server reports can
@@ -18,63 +22,88 @@ from collections import deque
 
 __all__ = ["Quota"]
 
+#: Float slack when comparing unit sums.
+EPSILON = 1e-9
+
 
 class Quota:
     """A sliding-window quota, fed ``now`` by its scope manager."""
 
-    __slots__ = ("limit", "window", "_entries", "_used")
+    __slots__ = ("limit", "window", "_entries", "_in_flight", "_used")
 
     def __init__(self, limit: float, window: float) -> None:
         self.limit = limit
         self.window = window
-        #: ``(expires_at, amount)`` in expiry order.
+        #: ``(expires_at, amount)`` in expiry order: units whose request finished.
         self._entries: deque[tuple[float, float]] = deque()
+        #: ``(sent_at, amount)`` of requests still in flight, in dispatch order;
+        #: their units expire only once the request finished.
+        self._in_flight: list[tuple[float, float]] = []
         self._used = 0.0
 
     def used(self, now: float) -> float:
-        """Units counted in the window ending at *now*."""
+        """Units counted in the window ending at *now* (in flight included)."""
         self._expire(now)
         return max(0.0, self._used)
 
     def wait(self, now: float, amount: float) -> float:
-        """Seconds until *amount* more units fit (0.0: now)."""
+        """Seconds until *amount* more units fit.
+
+        ``0.0``: now. ``math.inf``: not before a request in flight ends.
+        """
         self._expire(now)
         if self._used <= 0.0:
             return 0.0  # an empty window admits anything, even an oversized request
         excess = self._used + amount - self.limit
-        if excess <= 1e-9:
+        if excess <= EPSILON:
             return 0.0
         freed = 0.0
         for expires_at, entry in self._entries:
             freed += entry
-            if freed >= excess - 1e-9 or self._used - freed <= 0.0:
+            if freed >= excess - EPSILON or self._used - freed <= 0.0:
                 return max(0.0, expires_at - now)
-        return max(0.0, self._entries[-1][0] - now) if self._entries else 0.0
+        # What is left to free is in flight: its expiry is known once it ends.
+        return math.inf if self._in_flight else 0.0
+
+    def start(self, now: float, amount: float) -> None:
+        """A request spending *amount* units was dispatched at *now*."""
+        self._in_flight.append((now, amount))
+        self._used += amount
+
+    def finish(self, now: float, sent_at: float | None = None, amount: float | None = None) -> None:
+        """A request dispatched at *sent_at* ended at *now*: its units expire a window later.
+
+        Without *sent_at* (a caller that cannot tell which request ended) the
+        oldest request in flight is taken.
+        """
+        in_flight = self._in_flight
+        if not in_flight:
+            return
+        index = 0
+        if sent_at is not None:
+            index = next(
+                (
+                    i
+                    for i, (started, spent) in enumerate(in_flight)
+                    if started == sent_at and (amount is None or spent == amount)
+                ),
+                0,
+            )
+        _, spent = in_flight.pop(index)
+        self._used -= spent
+        self.spend(now, spent)
 
     def spend(self, now: float, amount: float, expires_in: float | None = None) -> None:
-        """Count *amount* units (negative gives units back) for one window."""
+        """Count *amount* units (negative gives units back) for one window from *now*."""
         expires_at = now + (self.window if expires_in is None else expires_in)
         if self._entries and expires_at < self._entries[-1][0]:
             expires_at = self._entries[-1][0]  # keep expiry order; errs on the safe side
         self._entries.append((expires_at, amount))
         self._used += amount
 
-    def reset_to(self, now: float, used: float, expires_in: float | None = None) -> None:
-        """Forget the local count: the server says *used* units are spent in its window."""
-        self._entries.clear()
-        self._used = 0.0
-        if used > 0:
-            self.spend(now, used, expires_in)
-
-    def remaining(self, now: float) -> float:
-        return max(0.0, self.limit - self.used(now))
-
-    def next_expiry(self) -> float:
-        return self._entries[0][0] if self._entries else math.inf
-
     def _expire(self, now: float) -> None:
         entries = self._entries
         while entries and entries[0][0] <= now:
             self._used -= entries.popleft()[1]
-        if not entries:
+        if not entries and not self._in_flight:
             self._used = 0.0  # drop float drift once the window is empty

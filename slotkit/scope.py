@@ -170,7 +170,7 @@ class ThrottlingScopeManager:
             factor = 1.0 + self._rng.uniform(low, high)
             self._factor = factor if factor > 0.0 else 0.0
         if self.quota is not None:
-            self.quota.spend(now, 1.0 if amount is None else amount)
+            self.quota.start(now, 1.0 if amount is None else amount)
         if self.rampup is not None:
             self.rampup.record_sent(now)
 
@@ -187,8 +187,22 @@ class ThrottlingScopeManager:
             self.last_sent = now
 
     def record_done(self, now: float) -> None:
+        self.record_finished(now)
+
+    def record_finished(
+        self, now: float, sent_at: float | None = None, amount: float | None = None
+    ) -> None:
+        """:meth:`record_done`, told which request ended.
+
+        It was dispatched at *sent_at* and spends *amount* of the quota.
+
+        The gate calls this when a manager has it: a quota unit stays counted
+        until a window after its own request ended (see :mod:`slotkit.quota`).
+        """
         self.active = max(0, self.active - 1)
         self.last_done = now
+        if self.quota is not None:
+            self.quota.finish(now, sent_at, 1.0 if amount is None else amount)
 
     def record_backoff(self, delay: float | None = None, now: float = 0.0) -> None:
         self._settle(now)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from scrapy.settings import Settings
 
@@ -202,8 +204,27 @@ def test_scope_quota_uses_request_amounts() -> None:
     scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
     assert scope.can_send(0.0, 6.0) == 0.0
     scope.record_sent(0.0, 6.0)
-    assert scope.can_send(0.0, 5.0) == pytest.approx(WINDOW)
     assert scope.can_send(0.0, 4.0) == 0.0
+    # In flight, the 6 units have no expiry yet: only the request's end can tell.
+    assert scope.can_send(0.0, 5.0) == math.inf
+    scope.record_done(2.0)
+    assert scope.can_send(2.0, 5.0) == pytest.approx(WINDOW)
+
+
+def test_units_count_until_a_window_after_their_request_ended() -> None:
+    """A server counts a request on arrival, between dispatch and response: the
+    unit stays counted a whole window after the response, so no window at the
+    server holds more than the quota however slow the request was to arrive."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=6.0, window=WINDOW)
+    scope.record_sent(0.0, 5.0)  # slow (say, it opens the connection)
+    scope.record_sent(1.0, 1.0)
+    # The later, cheaper request ends first: its own unit starts to expire.
+    scope.record_finished(2.0, sent_at=1.0, amount=1.0)
+    assert scope.can_send(2.0, 1.0) == pytest.approx(WINDOW)  # when that unit expires
+    assert scope.can_send(2.0, 2.0) == math.inf  # the 5 units are still in flight
+    scope.record_finished(3.0, sent_at=0.0, amount=5.0)
+    assert scope.can_send(3.0, 1.0) == pytest.approx(WINDOW - 1.0)
+    assert scope.can_send(3.0, 2.0) == pytest.approx(WINDOW)
 
 
 def test_reconcile_consumed_and_remaining() -> None:
