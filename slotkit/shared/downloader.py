@@ -31,8 +31,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
+from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_installed
-from twisted.internet.defer import Deferred
 
 from slotkit.downloader import Downloader
 from slotkit.settings import SettingsError
@@ -203,12 +203,15 @@ class SharedDownloader(Downloader):
             self.shared.close()
         super().close()
 
-    def _close_store(self) -> Deferred[None] | None:
+    async def _close_store(self) -> None:
+        # A coroutine, not a Deferred: Scrapy 2.19 deprecates signal handlers
+        # that return Deferreds (a warning in every shared crawl's log).
         if self.shared is None:
-            return None
+            return
         closing = self.shared.close()
         closing.addTimeout(2 * self.shared.options.timeout + 0.5, self._clock)
-        return closing.addErrback(lambda _: None)
+        closing.addErrback(lambda _: None)
+        await maybe_deferred_to_future(closing)
 
     def shared_summary(self) -> dict[str, Any]:
         """Counters of the shared layer (for benchmarks and the status line)."""
