@@ -11,13 +11,22 @@ yields the value itself, so both styles work against the same base class.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
-__all__ = ["AwaitableDict", "AwaitableList", "AwaitableStr", "awaitable", "needs_await", "resolved"]
+__all__ = [
+    "AwaitableDict",
+    "AwaitableList",
+    "AwaitableStr",
+    "NotReadyError",
+    "awaitable",
+    "needs_await",
+    "resolved",
+    "run_without_suspending",
+]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -75,3 +84,25 @@ async def resolved(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
     return value
+
+
+class NotReadyError(Exception):
+    """A coroutine run synchronously needed to wait for something."""
+
+
+def run_without_suspending(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """The result of *coroutine* if it finishes without waiting on anything.
+
+    Schedulers ask for a request's scopes synchronously, while the spec
+    writes ``get_scopes`` as ``async def`` that usually awaits nothing but
+    ``super().get_scopes()`` (an already-resolved value). Such a coroutine
+    is stepped once; if it does wait (a DNS lookup, say), it is closed and
+    :class:`NotReadyError` raised, and the downloader awaits the method for
+    real later.
+    """
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise NotReadyError(f"{coroutine!r} waits for something")

@@ -9,11 +9,10 @@ Drop-in for ``scrapy.core.downloader.Downloader``: the engine's calls
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 from scrapy import signals
 from scrapy.core.downloader.handlers import DownloadHandlers
@@ -34,7 +33,6 @@ from slotkit.manager import (
     DOWNLOAD_SLOT,
     ThrottlingManager,
     build_manager,
-    normalize_scopes,
 )
 from slotkit.migration import silence_autothrottle
 from slotkit.outcomes import cut_by_cancel
@@ -130,6 +128,8 @@ class Downloader(ScopeControl, SpiderClosing):
             retry_enabled=self.settings.getbool("RETRY_ENABLED", True),
         )
         self._scope_ids: WeakKeyDictionary[Request, list[str]] = WeakKeyDictionary()
+        #: Requests whose ``get_scopes`` must wait for something (see known_scopes).
+        self._scopes_wait: WeakSet[Request] = WeakSet()
         jobdir = job_dir(self.settings)
         self._store = ScopeStateStore(jobdir) if jobdir else None
         self._saved: dict[str, dict[str, float]] = {}
@@ -141,7 +141,6 @@ class Downloader(ScopeControl, SpiderClosing):
         self._evicted_recoveries = 0
         self.signals.connect(self._engine_started, signal=signals.engine_started)
         self._get_scopes = self.manager.get_scopes
-        self._sync_scopes = not inspect.iscoroutinefunction(self._get_scopes)
         # The stock manager's scopes can be computed without the awaitable wrapper.
         self._default_get_scopes = type(self.manager).get_scopes is ThrottlingManager.get_scopes
         #: THROTTLING_DEBUG only: recoveries already logged, per scope id.
@@ -202,31 +201,9 @@ class Downloader(ScopeControl, SpiderClosing):
 
     # Slot compatibility
 
-    def _sync_scopes_of(self, request: Request) -> dict[str, float | None]:
-        """The scopes of *request* when ``get_scopes`` answers without awaiting, else ``{}``."""
-        if self._default_get_scopes:
-            scopes = self.manager._default_scopes(request)
-            return {scopes: None} if type(scopes) is str else normalize_scopes(scopes)
-        if not self._sync_scopes:
-            return {}
-        try:
-            raw = self._get_scopes(request)
-        except Exception:
-            return {}
-        if isinstance(raw, Deferred) or (
-            inspect.isawaitable(raw) and not isinstance(raw, (str, list, dict))
-        ):
-            if inspect.iscoroutine(raw):
-                raw.close()  # asked synchronously; the downloader will await it later
-            return {}
-        try:
-            return normalize_scopes(raw)
-        except TypeError:
-            return {}
-
     def get_slot_key(self, request: Request) -> str:
         """The primary scope of *request*, as Scrapy's ``download_slot`` key."""
-        scopes = self._sync_scopes_of(request)
+        scopes = self.known_scopes(request)
         if scopes:
             return next(iter(scopes))
         meta = request.meta
@@ -362,7 +339,7 @@ class Downloader(ScopeControl, SpiderClosing):
         defaults) are considered; scopes not alive yet count as free. Creates
         no scope and changes no state.
         """
-        scopes = self._sync_scopes_of(request)
+        scopes = self.known_scopes(request)
         if not scopes:
             scopes = {self.get_slot_key(request): None}
         now = self._clock.seconds()

@@ -7,7 +7,6 @@ leaving it; :func:`readiness_of` gives the one a crawler's queues share.
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -44,8 +43,6 @@ class Readiness:
         self.transit: dict[Request, tuple[str, ...]] = {}
         self.transit_scopes: Counter[str] = Counter()
         self._waker: weakref.WeakMethod[Callable[[], None]] | None = None
-        get_scopes = getattr(getattr(downloader, "manager", None), "get_scopes", None)
-        self._sync_scopes = callable(get_scopes) and not inspect.iscoroutinefunction(get_scopes)
         crawler.signals.connect(self._arrived, signal=signals.request_reached_downloader)
         crawler.signals.connect(self._left, signal=signals.request_left_downloader)
 
@@ -67,11 +64,9 @@ class Readiness:
 
     def scopes(self, request: Request) -> dict[str, float | None]:
         """Scope id -> quota amount of *request*, as far as a sync answer tells."""
-        scopes: dict[str, float | None] = {}
-        if self._sync_scopes:
-            with suppress(Exception):
-                scopes = normalize_scopes(self.downloader.manager.get_scopes(request))
-        elif isinstance(request.meta.get("throttling_scopes"), Mapping):
+        known = getattr(self.downloader, "known_scopes", None)
+        scopes: dict[str, float | None] = known(request) if callable(known) else {}
+        if not scopes and isinstance(request.meta.get("throttling_scopes"), Mapping):
             with suppress(Exception):
                 scopes = normalize_scopes(request.meta["throttling_scopes"])
         if not scopes:

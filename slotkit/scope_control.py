@@ -9,12 +9,15 @@ scope ids, the clock, quotas, backoff rules).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet.defer import Deferred
 
+from slotkit.awaitables import NotReadyError, run_without_suspending
 from slotkit.registry import Scope
 from slotkit.robots import apply_crawl_delay
 from slotkit.scope_ids import (
@@ -28,8 +31,8 @@ from slotkit.scope_managers import create_scope_manager
 from slotkit.settings import DOMAIN
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from weakref import WeakKeyDictionary
+    from collections.abc import Callable, Sequence
+    from weakref import WeakKeyDictionary, WeakSet
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -64,6 +67,9 @@ class ScopeControl:
     _evicted_recoveries: int
     _scope_ids: WeakKeyDictionary[Request, list[str]]
     _recoveries_seen: dict[str, int]
+    _scopes_wait: WeakSet[Request]
+    _default_get_scopes: bool
+    _get_scopes: Callable[[Request], Any]
     manager: Any
 
     def _normalized_scopes(self, request: Request, raw: Any) -> dict[str, float | None]:
@@ -92,6 +98,39 @@ class ScopeControl:
             ):
                 self._kind_hints[scope_id] = DOMAIN
         return scopes
+
+    def known_scopes(self, request: Request) -> dict[str, float | None]:
+        """The scopes of *request* if ``get_scopes`` can tell without waiting, else ``{}``.
+
+        For schedulers and ``get_slot_key``: a sync answer, or an ``async``
+        one that awaits nothing pending (see
+        :func:`~slotkit.awaitables.run_without_suspending`). Never raises.
+        """
+        if self._default_get_scopes:
+            scopes = self.manager._default_scopes(request)
+            return {scopes: None} if type(scopes) is str else normalize_scopes(scopes)
+        if request in self._scopes_wait:
+            return {}
+        try:
+            raw = self._get_scopes(request)
+            if inspect.iscoroutine(raw):
+                raw = run_without_suspending(raw)
+        except NotReadyError:
+            # Asked again it would start the same wait again (a DNS lookup in a
+            # thread, say), once per scheduler query: remember the answer.
+            self._scopes_wait.add(request)
+            return {}
+        except Exception:
+            return {}
+        if isinstance(raw, Deferred) or (
+            inspect.isawaitable(raw) and not isinstance(raw, (str, list, dict))
+        ):
+            self._scopes_wait.add(request)
+            return {}
+        try:
+            return normalize_scopes(raw)
+        except TypeError:
+            return {}
 
     def scope_config(self, scope_id: str, kind: str | None = None) -> ScopeConfig:
         """The resolved configuration a new scope *scope_id* gets now.

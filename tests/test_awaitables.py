@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from scrapy import Request
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
 from slotkit import ThrottlingManager, add_scope, update_scope_backoff
-from slotkit.awaitables import awaitable
+from slotkit.awaitables import AwaitableStr, NotReadyError, awaitable, run_without_suspending
 
 
 def run(value: Any) -> Any:
@@ -65,3 +66,29 @@ def test_sync_override_uses_super_directly() -> None:
     """Plain calls to super() return plain, usable values."""
     manager = SyncManager(get_crawler())
     assert manager.get_scopes(Request("https://example.com/")) == ["example.com", "api"]
+
+
+def test_run_without_suspending_gives_the_result_of_a_coroutine_that_waits_for_nothing() -> None:
+    async def scopes() -> object:
+        return await AwaitableStr("example.com")
+
+    assert run_without_suspending(scopes()) == "example.com"
+
+
+def test_run_without_suspending_refuses_and_closes_a_coroutine_that_waits() -> None:
+    finished: list[bool] = []
+
+    class Pending:
+        def __await__(self) -> Any:
+            yield self  # what a pending Future or Deferred does
+
+    async def scopes() -> str:
+        try:
+            await Pending()
+        finally:
+            finished.append(True)  # closed: its finally blocks ran
+        return "never"
+
+    with pytest.raises(NotReadyError):
+        run_without_suspending(scopes())
+    assert finished == [True]

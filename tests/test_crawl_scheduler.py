@@ -16,6 +16,7 @@ from scrapy.crawler import Crawler
 from scrapy.resolver import dnscache
 from scrapy.utils.defer import deferred_from_coro
 
+from slotkit import ThrottlingManager, scope_cache
 from tests.crawl import EPOLL_REACTOR, ListSpider, run_crawl, run_crawl_subprocess_async
 from tests.server import MockSite
 
@@ -126,6 +127,38 @@ async def test_a_free_host_is_not_blocked_by_a_throttled_one(
     assert result.stats.get("throttling/requests_delayed", 0) == 0
     assert result.stats["throttling/scheduler/held_back"] > 0
     assert result.stats["scheduler/enqueued"] == 2 * PAGES
+
+
+class AsyncEndpointManager(ThrottlingManager):
+    """``get_scopes`` as the spec writes it (``async``, cached, awaiting ``super()``),
+    naming a scope that is not the host: the scheduler cannot guess it."""
+
+    @scope_cache
+    async def get_scopes(self, request: Any) -> Any:
+        scopes = await super().get_scopes(request)
+        return "slow-endpoint" if f"//{SLOW_HOST}:" in request.url else scopes
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_async_get_scopes_does_not_block_a_free_host(mock_site: MockSite) -> None:
+    """The scheduler learns the scopes of an ``async def get_scopes`` awaiting nothing pending."""
+    urls = pages(mock_site, SLOW_HOST, PAGES) + pages(mock_site, FAST_HOST, PAGES)
+    result = await run_crawl(
+        ListSpider,
+        {
+            **AWARE,
+            "THROTTLING_SCOPES": {"slow-endpoint": {"delay": ONE_MINUTE}},
+            "THROTTLING_MANAGER": AsyncEndpointManager,
+        },
+        urls=urls,
+        on_crawler=close_when(PAGES, FAST_HOST, "fast_done"),
+        crawl_timeout=30,
+    )
+    result.assert_no_unhandled_errors()
+    assert result.finish_reason == "fast_done"
+    assert fast_done(result) == PAGES
+    assert mock_site.recorder.count(SLOW_HOST) == 1
+    assert result.stats.get("throttling/requests_delayed", 0) == 0
 
 
 @pytest_twisted.ensureDeferred

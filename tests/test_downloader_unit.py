@@ -198,13 +198,34 @@ class AsyncManager(ThrottlingManager):
         return ["api", "other"]
 
 
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_get_slot_key_with_an_async_manager_falls_back_quietly():
-    """With an async get_scopes, get_slot_key falls back to the host, awaiting nothing."""
+class _Pending:
+    def __await__(self):
+        yield self  # as a pending Future or Deferred does
+
+
+class WaitingAsyncManager(ThrottlingManager):
+    async def get_scopes(self, request):
+        await _Pending()  # a DNS lookup, say
+        return ["api", "other"]
+
+
+def test_get_slot_key_with_an_async_manager_that_awaits_nothing_pending():
+    """An async get_scopes that needs no wait answers get_slot_key synchronously."""
     downloader, _ = make_downloader(
         {"THROTTLING_MANAGER": "tests.test_downloader_unit.AsyncManager"}
     )
-    assert downloader.get_slot_key(Request("https://a.example/")) == "a.example"
+    assert downloader.get_slot_key(Request("https://a.example/")) == "api"
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_get_slot_key_with_an_async_manager_that_waits_falls_back_quietly():
+    """With an async get_scopes that must wait, get_slot_key falls back to the host."""
+    downloader, _ = make_downloader(
+        {"THROTTLING_MANAGER": "tests.test_downloader_unit.WaitingAsyncManager"}
+    )
+    request = Request("https://a.example/")
+    assert downloader.get_slot_key(request) == "a.example"
+    assert downloader.get_slot_key(request) == "a.example"  # remembered, not asked again
 
 
 def test_get_slot_creates_the_scope_and_returns_a_view():
