@@ -14,6 +14,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.crawler import Crawler
     from twisted.internet.interfaces import IReactorTime
 
@@ -25,7 +26,27 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotkit")
 
-__all__ = ["SpiderClosing"]
+__all__ = ["REQUEUED", "SpiderClosing", "requeued", "restore_filtering"]
+
+#: Meta key of a request put back in the scheduler at close: its own ``dont_filter``.
+REQUEUED = "_slotkit_requeued_dont_filter"
+
+
+def requeued(request: Request) -> Request:
+    """The copy of *request* the engine schedules again when a paused crawl closes.
+
+    The dupefilter saw the request already, so the copy must pass it once;
+    its own ``dont_filter`` is kept in the meta and restored when it comes
+    back (:func:`restore_filtering`), so that what it leads to (a redirect,
+    say, which copies the flag) is filtered as usual.
+    """
+    original = request.meta.get(REQUEUED, request.dont_filter)
+    return request.replace(dont_filter=True, meta={**request.meta, REQUEUED: original})
+
+
+def restore_filtering(request: Request) -> None:
+    """Give a request put back at close its own ``dont_filter`` again."""
+    request.dont_filter = bool(request.meta.pop(REQUEUED))
 
 
 class SpiderClosing:

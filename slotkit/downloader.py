@@ -25,7 +25,7 @@ from twisted.internet.defer import CancelledError, Deferred
 
 from slotkit.awaitables import needs_await, resolved
 from slotkit.clock import default_clock
-from slotkit.closing import SpiderClosing
+from slotkit.closing import REQUEUED, SpiderClosing, requeued, restore_filtering
 from slotkit.feedback import Feedback, current_request
 from slotkit.gate import Gate, GateClosedError, Waiter
 from slotkit.manager import (
@@ -165,6 +165,8 @@ class Downloader(ScopeControl, SpiderClosing):
 
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Response | Request]:
         """Download *request* through the middlewares and the gate; fires exactly once."""
+        if REQUEUED in request.meta:
+            restore_filtering(request)
         self.active.add(request)
         dfd: Deferred[Response | Request] = deferred_from_coro(
             # Scrapy types the download function as returning a Response; a
@@ -262,7 +264,7 @@ class Downloader(ScopeControl, SpiderClosing):
                     # result again (as it does a redirect), so the resumed
                     # crawl sends it and no errback hears of a failure.
                     self.stats.inc("requests_requeued")
-                    return request.replace(dont_filter=True)
+                    return requeued(request)
                 delay = 0.0
                 response, signal = await self._transfer(request, ticket)
                 if not signal:

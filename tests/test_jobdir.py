@@ -68,3 +68,43 @@ async def test_resume_during_retry_after_waits_for_the_deadline(
     assert mock_site.recorder.count(HOST) == 0  # still inside the 30 s deadline
     # The held request came back from the job's queue, waited, and was saved again.
     assert second.stats["throttling/requests_requeued"] == 1
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_a_requeued_request_is_filtered_as_usual_once_back(
+    mock_site: MockSite, tmp_path: Path
+) -> None:
+    """Put back at close, a request passes the dupefilter once; its redirect does not.
+
+    The resumed crawl sends the held request; its redirect leads to a page
+    the first run already fetched, which the dupefilter drops, as it would
+    have without the pause.
+    """
+    seen = mock_site.url(HOST, "/page/0")
+    settings = {
+        **SLOTKIT,
+        "JOBDIR": str(tmp_path / "job"),
+        "CLOSESPIDER_TIMEOUT": 1,
+        "THROTTLING_SCOPES": {OTHER: {"delay": 3.0}},
+    }
+    urls = [
+        seen,
+        mock_site.url(OTHER, "/page/1"),
+        mock_site.url(OTHER, "/redirect", to=seen),  # held by the 3 s delay at close
+    ]
+    first = await run_crawl(ListSpider, settings, urls=urls, crawl_timeout=20, dont_filter=False)
+    assert first.stats["throttling/requests_requeued"] == 1
+    assert mock_site.recorder.count(HOST) == 1
+
+    second = await run_crawl(
+        ListSpider,
+        {**settings, "CLOSESPIDER_TIMEOUT": 0},
+        urls=[],
+        crawl_timeout=20,
+        dont_filter=False,
+    )
+    assert second.finish_reason == "finished"
+    assert mock_site.recorder.count(OTHER) == 2  # the held request went out
+    assert mock_site.recorder.count(HOST) == 1  # its redirect target was filtered
+    assert second.stats.get("dupefilter/filtered") == 1
