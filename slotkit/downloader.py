@@ -127,7 +127,10 @@ class Downloader(ScopeControl, SpiderClosing):
             timeout=self.config.resend_timeout,
             retry_enabled=self.settings.getbool("RETRY_ENABLED", True),
         )
-        self._scope_ids: WeakKeyDictionary[Request, list[str]] = WeakKeyDictionary()
+        #: Each request's scopes on its last trip, id -> the amount it named (or None).
+        self._scope_ids: WeakKeyDictionary[Request, dict[str, float | None]] = (
+            WeakKeyDictionary()
+        )
         #: Requests whose ``get_scopes`` must wait for something (see known_scopes).
         self._scopes_wait: WeakSet[Request] = WeakSet()
         jobdir = job_dir(self.settings)
@@ -247,7 +250,7 @@ class Downloader(ScopeControl, SpiderClosing):
         meta = request.meta
         if scopes and meta.get(DOWNLOAD_SLOT, meta.get(AUTO_SLOT)) == meta.get(AUTO_SLOT):
             meta[DOWNLOAD_SLOT] = meta[AUTO_SLOT] = scopes[0].id
-        self._scope_ids[request] = [scope.id for scope in scopes]
+        self._scope_ids[request] = scopes_amounts
         self.signals.send_catch_log(
             signal=signals.request_reached_downloader, request=request, spider=self.crawler.spider
         )

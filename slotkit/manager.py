@@ -68,6 +68,8 @@ class _ScopeController(Protocol):
 
     def has_quota(self, scope_id: str) -> bool: ...
 
+    def counts_requests(self, request: Request, scope_id: str) -> bool: ...
+
 
 @implementer(IThrottlingManager)
 class ThrottlingManager:
@@ -154,7 +156,11 @@ class ThrottlingManager:
         wait: float | None = None
         for scope_id in controller.scope_ids(request):
             trigger = controller.backoff_config(scope_id).is_trigger_status(response.status)
-            quota = controller.has_quota(scope_id)
+            # Rate-limit headers count requests: a scope this request spends a
+            # cost in (the spec's cost recipe) is reconciled by its own rules.
+            quota = controller.has_quota(scope_id) and controller.counts_requests(
+                request, scope_id
+            )
             if not (trigger or quota):
                 continue
             if hint is None:  # parsed only when some scope can use it

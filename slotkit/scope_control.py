@@ -65,7 +65,7 @@ class ScopeControl:
     _kind_hints: dict[str, str]
     _saved: dict[str, dict[str, float]]
     _evicted_recoveries: int
-    _scope_ids: WeakKeyDictionary[Request, list[str]]
+    _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
     _recoveries_seen: dict[str, int]
     _scopes_wait: WeakSet[Request]
     _default_get_scopes: bool
@@ -196,7 +196,16 @@ class ScopeControl:
 
     def scope_ids(self, request: Request) -> list[str]:
         """The scopes *request* went through on its last trip (empty if unknown)."""
-        return self._scope_ids.get(request, [])
+        return list(self._scope_ids.get(request, ()))
+
+    def counts_requests(self, request: Request, scope_id: str) -> bool:
+        """Whether *request* spends one unit of *scope_id* (so a server's request count applies).
+
+        A request that names another amount for a scope (a cost, in the
+        spec's cost recipe) counts something else there.
+        """
+        amount = self._scope_ids.get(request, {}).get(scope_id)
+        return amount is None or amount == 1.0
 
     def now(self) -> float:
         """The crawl clock's current time (epoch seconds under a Twisted reactor)."""

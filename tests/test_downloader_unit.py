@@ -558,3 +558,19 @@ async def test_a_transfer_cut_by_cancelling_is_no_backoff_signal():
     stats = downloader.crawler.stats.get_stats()
     assert not [name for name in stats if name.startswith("throttling/backoff/")]
     downloader.close()
+
+
+def test_a_servers_request_count_is_not_applied_to_a_cost_scope():
+    """X-RateLimit-Remaining counts requests: it reconciles the scopes the request
+    spends one unit in, not a scope where it names a cost."""
+    downloader, _ = make_downloader(
+        {"THROTTLING_SCOPES": {"a.example": {"quota": 12}, "cost": {"quota": 50}}}
+    )
+    request = Request("https://a.example/", meta={"throttling_scopes": {"a.example": None}})
+    for scope_id in ("a.example", "cost"):
+        downloader.registry.get(scope_id)
+    downloader._scope_ids[request] = {"a.example": None, "cost": 5.0}
+    response = Response(request.url, headers={"X-RateLimit-Remaining": "3"}, request=request)
+    backoff = downloader.manager.get_response_backoff(response)
+    assert set(backoff) == {"a.example"}
+    assert backoff["a.example"].remaining == 3.0
