@@ -18,6 +18,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
 from slotkit.awaitables import NotReadyError, run_without_suspending
+from slotkit.dns import cached_ip
 from slotkit.registry import Scope
 from slotkit.robots import apply_crawl_delay
 from slotkit.scope_ids import (
@@ -97,7 +98,23 @@ class ScopeControl:
                 and scope_id == urlparse_cached(request).hostname
             ):
                 self._kind_hints[scope_id] = DOMAIN
+        if self.config.ip_concurrency:
+            self._add_ip_scope(request, scopes)
         return scopes
+
+    @staticmethod
+    def _add_ip_scope(request: Request, scopes: dict[str, float | None]) -> None:
+        """``CONCURRENT_REQUESTS_PER_IP``: the request's address joins its scopes.
+
+        The spec adds it to *each* request: those whose scopes come from a
+        custom manager or the ``throttling_scopes`` meta too, not only the
+        default manager's (which already adds it). Known once Scrapy's DNS
+        cache has the host, or at once for an address.
+        """
+        host = urlparse_cached(request).hostname
+        address = cached_ip(host) if host else None
+        if address is not None and address not in scopes:
+            scopes[address] = None
 
     def known_scopes(self, request: Request) -> dict[str, float | None]:
         """The scopes of *request* if ``get_scopes`` can tell without waiting, else ``{}``.
@@ -128,9 +145,12 @@ class ScopeControl:
             self._scopes_wait.add(request)
             return {}
         try:
-            return normalize_scopes(raw)
+            scopes = normalize_scopes(raw)
         except TypeError:
             return {}
+        if scopes and self.config.ip_concurrency:
+            self._add_ip_scope(request, scopes)
+        return scopes
 
     def scope_config(self, scope_id: str, kind: str | None = None) -> ScopeConfig:
         """The resolved configuration a new scope *scope_id* gets now.

@@ -1,0 +1,63 @@
+"""CONCURRENT_REQUESTS_PER_IP joins every request's scopes, whoever chose the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy.resolver import dnscache
+
+from slotkit import ThrottlingManager
+from tests.crawl import ListSpider, run_crawl
+from tests.server import MockSite
+from tests.test_crawl_scheduler import cached_names  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.integration
+
+HOSTS = {"a.example.test": "127.0.0.1", "b.example.test": "127.0.0.1"}
+
+
+class GroupingManager:
+    """A duck-typed manager (the spec's "alternative domain" style): one scope for all."""
+
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+
+    def get_scopes(self, request: Any) -> str:
+        return "example.test"
+
+
+class SubclassManager(ThrottlingManager):
+    def get_scopes(self, request: Any) -> str:
+        return "example.test"
+
+
+@pytest.mark.parametrize("how", ["meta", "duck", "subclass"])
+@pytest_twisted.ensureDeferred
+async def test_the_address_limit_holds_whatever_names_the_scopes(
+    mock_site: MockSite,
+    cached_names: dict[str, str],
+    how: str,  # noqa: F811
+) -> None:
+    """Two names on one address, per-IP limit 1: never two requests at once at the server."""
+    cached_names.update(HOSTS)
+    for name, address in HOSTS.items():
+        dnscache[name] = address
+    meta = {"throttling_scopes": "example.test"} if how == "meta" else {}
+    urls = [
+        {"url": f"http://{name}:{mock_site.port}/page/{i}?delay=0.1", "meta": meta}
+        for i in range(4)
+        for name in HOSTS
+    ]
+    settings: dict[str, Any] = {
+        "DOWNLOADER": "slotkit.Downloader",
+        "CONCURRENT_REQUESTS_PER_IP": 1,
+        "THROTTLING_SCOPES": {"example.test": {"concurrency": 8}},
+    }
+    if how != "meta":
+        settings["THROTTLING_MANAGER"] = GroupingManager if how == "duck" else SubclassManager
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve=HOSTS)
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 8
+    assert mock_site.recorder.max_concurrency() == 1
