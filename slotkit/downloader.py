@@ -128,9 +128,7 @@ class Downloader(ScopeControl, SpiderClosing):
             retry_enabled=self.settings.getbool("RETRY_ENABLED", True),
         )
         #: Each request's scopes on its last trip, id -> the amount it named (or None).
-        self._scope_ids: WeakKeyDictionary[Request, dict[str, float | None]] = (
-            WeakKeyDictionary()
-        )
+        self._scope_ids: WeakKeyDictionary[Request, dict[str, float | None]] = WeakKeyDictionary()
         #: Requests whose ``get_scopes`` must wait for something (see known_scopes).
         self._scopes_wait: WeakSet[Request] = WeakSet()
         jobdir = job_dir(self.settings)

@@ -158,9 +158,7 @@ class ThrottlingManager:
             trigger = controller.backoff_config(scope_id).is_trigger_status(response.status)
             # Rate-limit headers count requests: a scope this request spends a
             # cost in (the spec's cost recipe) is reconciled by its own rules.
-            quota = controller.has_quota(scope_id) and controller.counts_requests(
-                request, scope_id
-            )
+            quota = controller.has_quota(scope_id) and controller.counts_requests(request, scope_id)
             if not (trigger or quota):
                 continue
             if hint is None:  # parsed only when some scope can use it

@@ -37,8 +37,8 @@ class SubclassManager(ThrottlingManager):
 @pytest_twisted.ensureDeferred
 async def test_the_address_limit_holds_whatever_names_the_scopes(
     mock_site: MockSite,
-    cached_names: dict[str, str],
-    how: str,  # noqa: F811
+    cached_names: dict[str, str],  # noqa: F811
+    how: str,
 ) -> None:
     """Two names on one address, per-IP limit 1: never two requests at once at the server."""
     cached_names.update(HOSTS)
