@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,10 +50,13 @@ __all__ = [
 
 SOURCE = "AutoThrottle mapping"
 
+#: ``DOWNLOAD_SLOTS`` keys that mean the same in ``THROTTLING_SCOPES``.
+_SLOT_KEYS_KEPT = frozenset({"concurrency", "delay", "jitter"})
+
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One setting to write (or drop), and why."""
+    """One setting to write (or drop), and why (*note* may span several lines)."""
 
     setting: str
     value: Any
@@ -157,22 +161,58 @@ def migration_report(settings: BaseSettings) -> list[Change]:
         )
     slots = settings.getdict("DOWNLOAD_SLOTS")
     if slots:
+        scopes: dict[str, dict[str, Any]] = {}
+        notes: list[str] = []
+        for key, entry in slots.items():
+            if isinstance(entry, Mapping):
+                scopes[str(key)] = _scope_from_slot(str(key), entry, notes)
+            else:
+                notes.append(f"DOWNLOAD_SLOTS[{key!r}] is not a dict: left out")
         changes.append(
             Change(
                 "THROTTLING_SCOPES",
-                {key: dict(value) for key, value in slots.items()},
+                scopes,
                 "optional: DOWNLOAD_SLOTS keeps working; THROTTLING_SCOPES also takes backoff, "
-                "rampup and quota keys",
+                "rampup and quota keys" + "".join(f"\n{note}" for note in notes),
             )
         )
     return changes
+
+
+def _scope_from_slot(key: str, entry: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
+    """A ``DOWNLOAD_SLOTS`` entry as a ``THROTTLING_SCOPES`` entry that means the same.
+
+    ``THROTTLING_SCOPES`` refuses keys it does not know, where ``DOWNLOAD_SLOTS``
+    ignores them: the deprecated ``randomize_delay`` becomes the ``jitter`` Scrapy
+    derives from it (an explicit ``jitter`` wins), and keys neither of them
+    uses are left out. Each translation adds a line to *notes*.
+    """
+    where = f"DOWNLOAD_SLOTS[{key!r}]"
+    scope: dict[str, Any] = {}
+    dropped: list[str] = []
+    for name, value in entry.items():
+        if name in _SLOT_KEYS_KEPT:
+            scope[name] = value
+        elif name == "randomize_delay":
+            if "jitter" in entry:
+                notes.append(f"{where}['randomize_delay'] dropped: its 'jitter' wins")
+            else:
+                scope["jitter"] = 0.5 if value else 0
+                notes.append(
+                    f"{where}['randomize_delay'] = {value!r} became 'jitter': {scope['jitter']}"
+                )
+        else:
+            dropped.append(repr(name))
+    if dropped:
+        notes.append(f"{where} keys unknown to Scrapy, left out: {', '.join(dropped)}")
+    return scope
 
 
 def format_report(changes: list[Change]) -> str:
     """The report as settings.py lines, each with its note as a comment."""
     lines = ["# slotkit equivalents of this project's throttling settings", ""]
     for change in changes:
-        lines.append(f"# {change.note}")
+        lines += [f"# {line}" for line in change.note.splitlines()]
         if change.value is None:
             lines.append(f"# {change.setting} = ...  (remove)")
         elif change.setting.startswith("example:"):

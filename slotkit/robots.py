@@ -9,7 +9,8 @@ survive scope eviction: a Crawl-delay describes the site, not the run.
 
 Values set explicitly for the scope (``THROTTLING_SCOPES`` or
 ``DOWNLOAD_SLOTS``) win; if they are more aggressive than the site asks, one
-warning names both, unless the entry sets ``ignore_robots_txt``.
+warning names both and the setting they came from, unless the scope's
+``THROTTLING_SCOPES`` entry sets ``ignore_robots_txt``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ logger = logging.getLogger("slotkit")
 __all__ = ["CrawlDelays", "apply_crawl_delay"]
 
 ROBOTS = "robots.txt"
+#: Settings whose values for a scope win over its robots.txt.
+EXPLICIT = frozenset({"THROTTLING_SCOPES", "DOWNLOAD_SLOTS"})
 
 
 def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeConfig, str | None]:
@@ -44,13 +47,14 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
     for this very scope; a configured value faster than the site asks is
     kept, and reported.
     """
-    explicit = {"THROTTLING_SCOPES", "DOWNLOAD_SLOTS"}
     sources = dict(config.sources)
     delay, concurrency = config.delay, config.concurrency
     faster = []
-    if sources.get("delay") in explicit:
+    origins: set[str] = set()
+    if sources.get("delay") in EXPLICIT:
         if delay < crawl_delay:
             faster.append(f"delay {delay:g}s (Crawl-delay {crawl_delay:g}s)")
+            origins.add(sources["delay"])
     else:
         delay = crawl_delay
         sources["delay"] = ROBOTS
@@ -59,9 +63,10 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
         # The site asked for at least this gap: jitter may lengthen it, never
         # shorten it (RANDOMIZE_DOWNLOAD_DELAY's ±50% would go to half).
         jitter = (0.0, max(0.0, jitter[1]))
-    if sources.get("concurrency") in explicit:
+    if sources.get("concurrency") in EXPLICIT:
         if concurrency > 1:
             faster.append(f"concurrency {concurrency} (robots.txt implies 1)")
+            origins.add(sources["concurrency"])
     else:
         concurrency = 1
         sources["concurrency"] = ROBOTS
@@ -75,8 +80,28 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
     )
     warning = None
     if faster and not config.ignore_robots_txt:
-        warning = ", ".join(faster)
+        warning = f"{', '.join(faster)}. {_advice(origins)}"
     return updated, warning
+
+
+def _advice(origins: set[str]) -> str:
+    """Where the faster values came from, and how to silence the warning there.
+
+    Only a ``THROTTLING_SCOPES`` entry takes ``ignore_robots_txt``; a
+    ``DOWNLOAD_SLOTS`` entry refuses it, so its values have to move (a
+    ``THROTTLING_SCOPES`` entry for the same id merges with it key by key).
+    """
+    named = " and ".join(sorted(origins))
+    if origins == {"THROTTLING_SCOPES"}:
+        return (
+            f"Keeping the values configured in {named}; set 'ignore_robots_txt': True "
+            "in that entry to silence this"
+        )
+    return (
+        f"Keeping the values configured in {named}; DOWNLOAD_SLOTS entries cannot take "
+        "'ignore_robots_txt', so to silence this move the entry to THROTTLING_SCOPES "
+        "and set 'ignore_robots_txt': True there"
+    )
 
 
 class CrawlDelays:
@@ -134,10 +159,7 @@ class CrawlDelays:
             return
         self._warned.add(scope_id)
         logger.warning(
-            "slotkit: THROTTLING_SCOPES[%r] is more aggressive than its robots.txt: %s. "
-            "Keeping the configured values; set 'ignore_robots_txt': True to silence this.",
-            scope_id,
-            warning,
+            "slotkit: scope %r is more aggressive than its robots.txt: %s.", scope_id, warning
         )
 
     def update_live(self, scope: Scope, config: ScopeConfig) -> None:

@@ -91,4 +91,34 @@ async def test_crawl_with_autothrottle_settings(mock_site: MockSite, extension: 
     assert result.log_text.count("AUTOTHROTTLE_ENABLED is set") == 1
     # AutoThrottle would move the delay toward the latency; slotkit keeps the mapped one.
     assert set(delays) == {0.1}
-    assert rampups and all(rampups)  # AUTOTHROTTLE_TARGET_CONCURRENCY -> rampup
+    assert rampups  # AUTOTHROTTLE_TARGET_CONCURRENCY -> rampup
+    assert all(rampups)
+
+
+def test_migrate_download_slots_become_valid_throttling_scopes() -> None:
+    """DOWNLOAD_SLOTS entries are translated, not copied: randomize_delay becomes the jitter
+    Scrapy derives from it (an explicit jitter wins), keys Scrapy ignores are left out, and
+    the suggested THROTTLING_SCOPES is accepted and means the same."""
+    slots = {
+        "on": {"delay": 2, "randomize_delay": True, "concurency": 3},
+        "off": {"concurrency": 1, "delay": 0.4, "randomize_delay": False},
+        "both": {"jitter": 0.1, "randomize_delay": True},
+    }
+    settings = Settings({"DOWNLOAD_SLOTS": slots, "DOWNLOAD_DELAY_JITTER": 0.2})
+    (change,) = [c for c in migration_report(settings) if c.setting == "THROTTLING_SCOPES"]
+    assert change.value == {
+        "on": {"delay": 2, "jitter": 0.5},
+        "off": {"concurrency": 1, "delay": 0.4, "jitter": 0},
+        "both": {"jitter": 0.1},
+    }
+    for expected in ("randomize_delay", "'concurency'", "'jitter' wins"):
+        assert expected in change.note
+    text = format_report([change])
+    assert all(line.startswith("# ") for line in text.splitlines()[2:-1]), text
+    before = ThrottlingSettings.from_settings(settings)
+    after = ThrottlingSettings.from_settings(
+        Settings({"THROTTLING_SCOPES": change.value, "DOWNLOAD_DELAY_JITTER": 0.2})
+    )
+    for scope in slots:
+        old, new = before.scope_config(scope, "domain"), after.scope_config(scope, "domain")
+        assert (old.concurrency, old.delay, old.jitter) == (new.concurrency, new.delay, new.jitter)

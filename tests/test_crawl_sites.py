@@ -211,3 +211,64 @@ def test_bad_grouping_is_refused() -> None:
 
     with pytest.raises(SettingsError, match="registrable_domain"):
         ThrottlingSettings.from_settings(Settings({"THROTTLING_DOMAIN_GROUPING": "registrable"}))
+
+
+def test_crawl_delay_warning_names_the_setting_and_how_to_silence_it() -> None:
+    """The advice fits where the faster values came from: DOWNLOAD_SLOTS refuses
+    'ignore_robots_txt', so its values have to move to THROTTLING_SCOPES."""
+    from scrapy.settings import Settings
+
+    from slotkit.robots import apply_crawl_delay
+    from slotkit.settings import ThrottlingSettings
+
+    def warning(settings: dict[str, Any]) -> str:
+        config = ThrottlingSettings.from_settings(Settings(settings)).scope_config(HOST, "domain")
+        text = apply_crawl_delay(config, 5.0)[1]
+        assert text is not None
+        return text
+
+    scopes = warning({"THROTTLING_SCOPES": {HOST: {"delay": 0.0}}})
+    assert "configured in THROTTLING_SCOPES;" in scopes
+    assert "set 'ignore_robots_txt': True in that entry" in scopes
+    assert "DOWNLOAD_SLOTS" not in scopes
+    slots = warning({"DOWNLOAD_SLOTS": {HOST: {"delay": 0.0, "concurrency": 4}}})
+    assert slots.startswith("delay 0s (Crawl-delay 5s), concurrency 4 (robots.txt implies 1)")
+    assert "configured in DOWNLOAD_SLOTS;" in slots
+    assert "move the entry to THROTTLING_SCOPES and set 'ignore_robots_txt': True" in slots
+    both = warning(
+        {
+            "DOWNLOAD_SLOTS": {HOST: {"delay": 0.0}},
+            "THROTTLING_SCOPES": {HOST: {"concurrency": 4}},
+        }
+    )
+    assert "configured in DOWNLOAD_SLOTS and THROTTLING_SCOPES;" in both
+    # Following the advice silences it: a THROTTLING_SCOPES entry for the same id
+    # merges with the DOWNLOAD_SLOTS one.
+    config = ThrottlingSettings.from_settings(
+        Settings(
+            {
+                "DOWNLOAD_SLOTS": {HOST: {"delay": 0.0}},
+                "THROTTLING_SCOPES": {HOST: {"ignore_robots_txt": True}},
+            }
+        )
+    ).scope_config(HOST, "domain")
+    assert apply_crawl_delay(config, 5.0)[1] is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_download_slots_faster_than_crawl_delay_warns_about_download_slots(
+    mock_site: MockSite,
+) -> None:
+    """A DOWNLOAD_SLOTS entry faster than Crawl-delay is kept, with one warning that names
+    DOWNLOAD_SLOTS instead of advising a key DOWNLOAD_SLOTS refuses."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 5\n")
+    settings = {
+        **SLOTKIT,
+        "ROBOTSTXT_OBEY": True,
+        "DOWNLOAD_SLOTS": {HOST: {"delay": 0.0, "concurrency": 4}},
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4))
+    assert len(result.responses) == 4
+    assert result.log_text.count("more aggressive than its robots.txt") == 1
+    assert "configured in DOWNLOAD_SLOTS;" in result.log_text
+    assert "THROTTLING_SCOPES[" not in result.log_text

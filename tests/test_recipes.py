@@ -204,3 +204,43 @@ async def test_ip_scopes_manager_shares_the_address_limit(mock_site: MockSite) -
     result = await run_crawl(ListSpider, settings, urls=urls)
     assert len(result.responses) == 6
     assert mock_site.recorder.max_concurrency() == 2
+
+
+def test_fixed_window_manager_without_a_quota_does_not_limit() -> None:
+    """A scope with no "quota" (every other site, under THROTTLING_SCOPE_MANAGER) is
+    not quota-limited, instead of failing each request with KeyError('quota')."""
+    manager_cls = recipe("fixed_window").FixedWindowScopeManager
+    manager = manager_cls.from_crawler(get_crawler(), {"window": 1.0})
+    assert verifyObject(IThrottlingScopeManager, manager)
+    for _ in range(1000):
+        assert manager.can_send(0.0, None) == 0.0
+        manager.record_sent(0.0, None)
+    manager.reconcile_quota(None, 0.0, 0.0)
+    assert manager.can_send(0.0, 5.0) == 0.0
+    for _ in range(1000):
+        manager.record_done(0.5)
+    assert manager.is_idle(1.0, 0.0)
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_fixed_window_manager_for_every_scope_leaves_others_unlimited(
+    mock_site: MockSite,
+) -> None:
+    """THROTTLING_SCOPE_MANAGER = the recipe: the quota scope waits for its next window,
+    a site without a quota is crawled at once."""
+    manager = recipe("fixed_window").FixedWindowScopeManager
+    settings = {
+        **SLOTKIT,
+        "THROTTLING_SCOPE_MANAGER": manager,
+        "THROTTLING_SCOPES": {"127.0.0.1": {"quota": 2, "window": 0.5}},
+    }
+    urls = [
+        mock_site.url(host, f"/page/{i}") for host in ("127.0.0.1", "127.0.0.2") for i in range(3)
+    ]
+    before = mock_site.reactor.seconds()
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 6
+    assert not result.errors
+    assert mock_site.recorder.arrivals("127.0.0.1")[2] - before >= 0.5
+    assert mock_site.recorder.arrivals("127.0.0.2")[-1] - before < 0.5

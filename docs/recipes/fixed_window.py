@@ -1,4 +1,7 @@
-"""A scope manager that only counts a quota per fixed window (no delay, no backoff)."""
+"""A scope manager that only counts a quota per fixed window (no delay, no backoff).
+
+A scope whose config has no ``quota`` is not limited by it at all.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ from slotkit.interfaces import IThrottlingScopeManager
 class FixedWindowScopeManager:
     """Lets ``quota`` units through per window; the window opens with its first request."""
 
-    def __init__(self, quota: float, window: float = 60.0) -> None:
-        self.quota = quota
+    def __init__(self, quota: float | None, window: float = 60.0) -> None:
+        self.quota = math.inf if quota is None else quota
         self.window = window
         self.window_ends = -math.inf
         self.spent = 0.0
@@ -23,7 +26,7 @@ class FixedWindowScopeManager:
 
     @classmethod
     def from_crawler(cls, crawler: Any, config: dict[str, Any]) -> FixedWindowScopeManager:
-        return cls(config["quota"], config.get("window", 60.0))
+        return cls(config.get("quota"), config.get("window", 60.0))
 
     def _roll(self, now: float) -> None:
         if now >= self.window_ends:
@@ -49,6 +52,8 @@ class FixedWindowScopeManager:
         """This manager ignores backoff: the quota is the only limit."""
 
     def reconcile_quota(self, consumed: float | None, remaining: float | None, now: float) -> None:
+        if self.quota == math.inf:
+            return  # no quota: nothing to correct
         if remaining is not None:
             self.spent = max(0.0, self.quota - remaining)
         elif consumed is not None:
