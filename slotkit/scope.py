@@ -218,6 +218,13 @@ class ThrottlingScopeManager:
             # the price of probing, so the rate holds (the window will not step
             # up either). Only triggers beyond the target back the scope off.
             pass
+        elif self.rampup is not None and self.concurrency > self.min_concurrency:
+            # Rampup raised the concurrency after the delay: a step beyond its
+            # target takes that back first, one at a time. A site that limits
+            # concurrent requests answers every extra one at once, and only
+            # the delay would never stop that (min_concurrency is the floor).
+            self.concurrency -= 1
+            self.steps += 1
         else:
             config = self.backoff
             self.backoff_delay = next_backoff(

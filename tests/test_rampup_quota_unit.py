@@ -115,6 +115,28 @@ def test_triggers_within_the_target_do_not_back_off() -> None:
     assert scope.backoff_delay == 2.0
 
 
+def test_a_step_beyond_the_target_first_takes_back_raised_concurrency() -> None:
+    """Backoff undoes rampup's concurrency one at a time, down to the floor, before the delay.
+
+    A site limiting concurrent requests answers each extra one at once; a
+    longer delay alone would let the extra requests go on failing.
+    """
+    scope = rampup_scope(delay=0.25, min_concurrency=1)
+    for window in range(2):  # two quiet windows at the minimum delay: concurrency 3
+        send(scope, window * WINDOW + 1.5)
+    scope.can_send(2 * WINDOW + 2.0)
+    assert scope.concurrency == 3
+    scope.record_backoff(None, now=2 * WINDOW + 2.1)  # at the target (1): holds
+    assert scope.concurrency == 3
+    scope.record_backoff(None, now=2 * WINDOW + 2.2)
+    assert (scope.concurrency, scope.backoff_delay) == (2, None)
+    scope.record_backoff(None, now=2 * WINDOW + 2.3)
+    assert (scope.concurrency, scope.backoff_delay) == (1, None)
+    scope.record_backoff(None, now=2 * WINDOW + 2.4)  # at the floor: now the delay
+    assert scope.concurrency == 1
+    assert scope.backoff_delay == 0.5
+
+
 def test_each_window_gets_its_own_target() -> None:
     """The count starts again in the next window: one trigger there holds again."""
     scope = rampup_scope(target=(1, 1))

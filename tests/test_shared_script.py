@@ -238,3 +238,34 @@ def test_rampup_triggers_within_target_hold_the_rate(client, store):
     # Next window: the count starts again (the step taken is still in force).
     reply = run(keys("r"), backoff_argv(now + 3.5, "w", -1.0, 0.0, scope=r))
     assert reply[2] == "ramp"
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_step_beyond_the_target_first_takes_back_raised_concurrency(client, store):
+    """As in one process: a step lowers rampup's shared concurrency before the delay grows."""
+    if store == "script":
+        script = client.register_script(script_source())
+
+        def run(k, argv):
+            return script(keys=k, args=argv)
+    else:
+        run = TwinStore(Clock()).run
+    r = {
+        "delay": 0.0,
+        "rmin": 0.0,
+        "concurrency": 3,
+        "rampup": True,
+        "minc": 1,
+        "rhigh": 1,
+        "rwin": 3.0,
+    }
+    now = 1_700_000_000.0
+    for i, lease in enumerate(("l1", "l2", "l3")):  # two quiet windows: concurrency 3
+        assert run(keys("r"), acquire_argv(now + 3.1 * i, "w", lease, [r]))[0] == "ok"
+    outcomes = []
+    for i in range(4):
+        reply = run(keys("r"), backoff_argv(now + 6.3 + 0.1 * i, "w", -1.0, 0.0, scope=r))
+        outcomes.append((reply[2], float(reply[3])))
+    assert outcomes[:3] == [("ramp", 0.0), ("step", 0.0), ("step", 0.0)]
+    assert outcomes[3][0] == "step"
+    assert outcomes[3][1] > 0  # at the floor: the delay steps

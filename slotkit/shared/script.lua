@@ -301,7 +301,12 @@ if op == 'backoff' then
       -- rate holds, as in one process. Only triggers beyond it take a step.
       outcome = 'ramp'
     else
-      st.bo = math.min(bmax, math.max(bmin, math.max(base, st.bo) * factor))
+      if a.ron > 0 and st.rc > a.minc then
+        -- Rampup raised the concurrency: a step takes that back first.
+        st.rc = st.rc - 1
+      else
+        st.bo = math.min(bmax, math.max(bmin, math.max(base, st.bo) * factor))
+      end
       st.ss = now
       outcome = 'step'
       redis.call('PUBLISH', channel, 'step\t' .. scope_of(skey))

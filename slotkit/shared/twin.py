@@ -243,7 +243,10 @@ class TwinStore:
                 elif a["ron"] > 0 and st.rt + 1 <= a["rhigh"]:
                     outcome = "ramp"  # within the rampup target: the rate holds
                 else:
-                    st.bo = min(bmax, max(bmin, max(base, st.bo) * factor))
+                    if a["ron"] > 0 and st.rc > a["minc"]:
+                        st.rc = st.rc - 1  # rampup's concurrency goes back first
+                    else:
+                        st.bo = min(bmax, max(bmin, max(base, st.bo) * factor))
                     st.ss = now
                     outcome = "step"
                     self.publish(channel, "step\t" + scope_of(skey))
