@@ -21,7 +21,7 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, fail
 
 from slotkit.awaitables import needs_await, resolved
 from slotkit.clock import default_clock
@@ -167,6 +167,17 @@ class Downloader(ScopeControl, SpiderClosing):
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Response | Request]:
         """Download *request* through the middlewares and the gate; fires exactly once."""
         if REQUEUED in request.meta:
+            if self._requeue_at_close:
+                # The copy handed back at close came straight back: it was an
+                # engine.download() request, whose caller follows a Request
+                # result itself instead of scheduling it. Fetched again it
+                # would be handed back again, forever.
+                return fail(
+                    GateClosedError(
+                        f"the spider closed ({self._closing_reason}) while {request} "
+                        "waited for its throttling scopes; it was not sent"
+                    )
+                )
             restore_filtering(request)
         self.active.add(request)
         dfd: Deferred[Response | Request] = deferred_from_coro(

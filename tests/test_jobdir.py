@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from scrapy import Request
 
+from slotkit.gate import GateClosedError
 from slotkit.persistence import ScopeStateStore
 from slotkit.scope import ThrottlingScopeManager
 from tests.crawl import ListSpider, run_crawl
@@ -108,3 +110,49 @@ async def test_a_requeued_request_is_filtered_as_usual_once_back(
     assert mock_site.recorder.count(OTHER) == 2  # the held request went out
     assert mock_site.recorder.count(HOST) == 1  # its redirect target was filtered
     assert second.stats.get("dupefilter/filtered") == 1
+
+
+class DownloadFromCallbackSpider(ListSpider):
+    """Its callback awaits an ``engine.download_async()`` of the same (delayed) host."""
+
+    outcome: list[str]
+
+    async def parse(self, response: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        assert self.crawler.engine is not None
+        follow = Request(response.url + "?again", dont_filter=True)
+        try:
+            await self.crawler.engine.download_async(follow)
+        except GateClosedError:
+            type(self).outcome.append("GateClosedError")
+        else:
+            type(self).outcome.append("response")
+        return None
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_a_pause_ends_an_engine_download_waiting_at_the_gate(
+    mock_site: MockSite, tmp_path: Path
+) -> None:
+    """engine.download() requests bypass the scheduler: a pause fails them, once.
+
+    Handed back as a copy (as scheduled ones are), the engine would fetch the
+    copy again at once, and again: the crawl never closed.
+    """
+    DownloadFromCallbackSpider.outcome = []
+    settings = {
+        **SLOTKIT,
+        "JOBDIR": str(tmp_path / "job"),
+        "CLOSESPIDER_TIMEOUT": 1,
+        "THROTTLING_SCOPES": {HOST: {"delay": 5.0}},
+    }
+    result = await run_crawl(
+        DownloadFromCallbackSpider,
+        settings,
+        urls=[mock_site.url(HOST, "/page/0")],
+        crawl_timeout=20,
+    )
+    assert result.finish_reason == "closespider_timeout"
+    assert result.duration < 10  # the watchdog is 20 s; it closed at the timeout
+    assert DownloadFromCallbackSpider.outcome == ["GateClosedError"]
+    assert mock_site.recorder.count(HOST) == 1
