@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import ipaddress
+import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -112,10 +113,13 @@ def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str
             if not isinstance(key, str):
                 raise TypeError(f"{where} returned a non-string scope id {key!r}")
             if amount is not None and (
-                isinstance(amount, bool) or not isinstance(amount, (int, float))
+                isinstance(amount, bool)
+                or not isinstance(amount, (int, float))
+                or not 0 <= amount < math.inf  # NaN, inf and negatives would switch quotas off
             ):
                 raise TypeError(
-                    f"{where} gave scope {key!r} the amount {amount!r}; expected a number"
+                    f"{where} gave scope {key!r} the amount {amount!r}; "
+                    "expected a finite number >= 0"
                 )
             result[key] = None if amount is None else float(amount)
         return result

@@ -202,6 +202,10 @@ def test_normalize_scopes_amounts_are_floats():
         ({1: 2.0}, "non-string scope id 1"),
         ({"a": "3"}, "gave scope 'a' the amount '3'"),
         ({"a": True}, "gave scope 'a' the amount True"),
+        # A NaN, infinite or negative amount would switch a quota off while counted.
+        ({"a": float("nan")}, "gave scope 'a' the amount nan"),
+        ({"a": float("inf")}, "the amount inf; expected a finite number >= 0"),
+        ({"a": -100}, "gave scope 'a' the amount -100"),
         (42, "(got 42)"),
         (3.5, "(got 3.5)"),
     ],
