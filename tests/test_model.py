@@ -249,6 +249,7 @@ class SpyManager:
             real.can_send(now)  # settle recovery due by now, as record_backoff itself does
             before = real.current_delay
             backoff_before = real.backoff_delay
+            concurrency_before = real.concurrency
         real.record_backoff(delay, now)
         if delay is None and real.rampup is not None and real.rampup.within_target():
             # Rampup: triggers up to the target's high end per window hold the rate.
@@ -256,6 +257,15 @@ class SpyManager:
                 self.machine.fail(
                     f"{self.scope_id}: a trigger within the rampup target changed the "
                     f"backoff from {backoff_before} to {real.backoff_delay}"
+                )
+        elif (
+            delay is None and real.rampup is not None and concurrency_before > real.min_concurrency
+        ):
+            # Rampup: a step takes back one raised concurrency before the delay.
+            if (real.concurrency, real.backoff_delay) != (concurrency_before - 1, backoff_before):
+                self.machine.fail(
+                    f"{self.scope_id}: a step at concurrency {concurrency_before} gave "
+                    f"{real.concurrency} and backoff {real.backoff_delay}"
                 )
         elif delay is None:
             config = real.backoff
