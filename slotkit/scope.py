@@ -60,6 +60,7 @@ class ThrottlingScopeManager:
     # A crawl may keep 100,000 of these: slots keep each one small.
     __slots__ = (
         "_factor",
+        "_opening",
         "_rng",
         "active",
         "backoff",
@@ -114,6 +115,8 @@ class ThrottlingScopeManager:
         self.hold_until = NEVER
         self._rng: Uniform = SHARED_RNG if rng is None else rng
         self._factor = 1.0  # jitter factor drawn at the last dispatch
+        #: The scope's first request is in flight (see record_finished).
+        self._opening = False
         self.backoff = DEFAULT_BACKOFF if backoff is None else backoff
         #: The backoff delay, or ``None`` when the scope is not backing off.
         self.backoff_delay: float | None = None
@@ -161,6 +164,8 @@ class ThrottlingScopeManager:
     def record_sent(self, now: float, amount: float | None = None) -> None:
         self._settle(now)
         self.active += 1
+        if self.last_sent is None:
+            self._opening = True
         self.last_sent = now
         # _draw_factor() inlined: this runs once per request.
         low, high = self.backoff.jitter if self.backoff_delay is not None else self.jitter
@@ -201,6 +206,14 @@ class ThrottlingScopeManager:
         """
         self.active = max(0, self.active - 1)
         self.last_done = now
+        if self._opening:
+            # The scope's first request also resolved the host and opened the
+            # connection, so it reached the server late; the next one, on that
+            # open connection, would arrive less than the delay after it. So
+            # the gap after a first request runs from its end (once a scope).
+            self._opening = False
+            if self.last_sent is not None and now > self.last_sent:
+                self.last_sent = now
         if self.quota is not None:
             self.quota.finish(now, sent_at, 1.0 if amount is None else amount)
 

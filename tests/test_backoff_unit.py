@@ -83,6 +83,8 @@ def test_backoff_starts_from_the_configured_delay() -> None:
 def test_gap_uses_backoff_delay() -> None:
     """During backoff the gap between dispatches is the backoff delay."""
     scope = make_scope()
+    scope.record_sent(-5.0)  # the scope's first request (its gap runs from its end)
+    scope.record_done(-5.0)
     scope.record_sent(0.0)
     scope.record_done(0.1)
     scope.record_backoff(None, now=0.1)

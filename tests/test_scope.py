@@ -138,9 +138,23 @@ def test_delay_gap_is_exact():
 def test_delay_counts_from_the_last_dispatch_not_the_last_response():
     """The gap is measured between dispatches, whatever happened to the responses."""
     scope = make_scope(concurrency=8, delay=ONE_DELAY)
+    scope.record_sent(-5.0, None)  # the scope's first request: see the next test
+    scope.record_done(-5.0)
     scope.record_sent(0.0, None)
     scope.record_done(0.9)
     assert scope.can_send(0.9, None) == pytest.approx(0.1)
+
+
+def test_the_gap_after_a_scopes_first_request_runs_from_its_end():
+    """The first request also resolves the host and opens the connection, so it
+    reaches the server late: the next gap counts from its end, once per scope."""
+    scope = make_scope(concurrency=8, delay=ONE_DELAY)
+    scope.record_sent(0.0, None)
+    scope.record_done(0.3)
+    assert scope.can_send(0.3, None) == pytest.approx(ONE_DELAY)
+    scope.record_sent(1.3, None)
+    scope.record_done(1.8)
+    assert scope.can_send(1.8, None) == pytest.approx(0.5)  # from the dispatch again
 
 
 def test_first_dispatch_has_no_delay():
