@@ -363,6 +363,22 @@ def test_notes_for_the_downloader_robots_and_autothrottle(capsys):
     assert "AUTOTHROTTLE_ENABLED" in notes
 
 
+def test_autothrottle_max_delay_is_shown_as_its_source(capsys):
+    """The backoff cap AUTOTHROTTLE_MAX_DELAY sets is labelled as the mapping, not a default."""
+    data = explain_json(
+        capsys,
+        "https://example.com/",
+        "-s",
+        "AUTOTHROTTLE_ENABLED=True",
+        "-s",
+        "AUTOTHROTTLE_MAX_DELAY=10",
+    )
+    backoff = scope_of(data, "example.com")["backoff"]["max_delay"]
+    assert backoff["value"] == 10.0
+    assert backoff["source"] == "AUTOTHROTTLE_MAX_DELAY (AutoThrottle mapping)"
+    assert "keeps Scrapy's AutoThrottle from changing delays" in " | ".join(data["notes"])
+
+
 def test_addons_are_applied(capsys):
     """ADDONS take part: with slotkit's add-on the DOWNLOADER note goes away."""
     data = explain_json(capsys, "https://example.com/", "-s", 'ADDONS={"slotkit.addon.Addon": 0}')

@@ -80,10 +80,10 @@ def _robots_note(context: ExplainContext) -> list[str]:
 def _autothrottle_note(context: ExplainContext) -> list[str]:
     if not context.settings.getbool("AUTOTHROTTLE_ENABLED"):
         return []
-    start = context.settings.getfloat("AUTOTHROTTLE_START_DELAY")
     return [
-        f"AUTOTHROTTLE_ENABLED is on: AutoThrottle rewrites scope delays at crawl time "
-        f"(starting from AUTOTHROTTLE_START_DELAY={start:g}); see `python -m slotkit migrate`."
+        "AUTOTHROTTLE_ENABLED is on: slotkit applies its equivalents (shown above as "
+        "'AutoThrottle mapping') and keeps Scrapy's AutoThrottle from changing delays; "
+        "see `python -m slotkit migrate`."
     ]
 
 

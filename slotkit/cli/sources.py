@@ -104,11 +104,19 @@ def _backoff_values(context: ExplainContext, scope: str, resolved: ScopeConfig) 
                 f"THROTTLING_SCOPES[{scope!r}]['backoff'] "
                 f"({_origin(context.settings, 'THROTTLING_SCOPES')})"
             )
+        elif key == "max_delay" and _autothrottle_max_delay(context) is not None:
+            source = "AUTOTHROTTLE_MAX_DELAY (AutoThrottle mapping)"
         else:
             setting = _BACKOFF_SETTINGS[key]
             source = f"{setting} ({_origin(context.settings, setting)})"
         values[key] = Value(value, text, source)
     return values
+
+
+def _autothrottle_max_delay(context: ExplainContext) -> float | None:
+    """The backoff cap the AutoThrottle mapping set (``None`` if it set none)."""
+    mapping = context.config.autothrottle
+    return None if mapping is None else mapping.max_delay
 
 
 def _scope_manager_value(context: ExplainContext, scope: str, resolved: ScopeConfig) -> Value:
