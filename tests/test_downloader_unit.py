@@ -575,3 +575,20 @@ def test_a_servers_request_count_is_not_applied_to_a_cost_scope():
     backoff = downloader.manager.get_response_backoff(response)
     assert set(backoff) == {"a.example"}
     assert backoff["a.example"].remaining == 3.0
+
+
+def test_an_entry_keyed_host_and_port_is_pointed_out(caplog):
+    """Default scopes are host names: a 'host:port' entry would silently never apply."""
+    with caplog.at_level("WARNING", logger="slotkit"):
+        make_downloader({"THROTTLING_SCOPES": {"127.0.0.1:8801": {"delay": 1.0}}})
+    assert "THROTTLING_SCOPES['127.0.0.1:8801']" in caplog.text
+    assert "Did you mean '127.0.0.1'?" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="slotkit"):  # a custom manager may name them
+        make_downloader(
+            {
+                "THROTTLING_SCOPES": {"127.0.0.1:8801": {"delay": 1.0}},
+                "THROTTLING_MANAGER": "tests.test_downloader_unit.AsyncManager",
+            }
+        )
+    assert "Did you mean" not in caplog.text
