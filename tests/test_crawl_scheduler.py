@@ -100,10 +100,28 @@ def fast_done(result: Any) -> int:
     return sum(1 for r in result.responses if f"//{FAST_HOST}:" in r.url)
 
 
+class AsyncEndpointManager(ThrottlingManager):
+    """``get_scopes`` as the spec writes it (``async``, cached, awaiting ``super()``),
+    naming a scope that is not the host: the scheduler cannot guess it."""
+
+    @scope_cache
+    async def get_scopes(self, request: Any) -> Any:
+        scopes = await super().get_scopes(request)
+        return "slow-endpoint" if f"//{SLOW_HOST}:" in request.url else scopes
+
+
 @pytest.mark.parametrize(
     "throttle",
-    [SLOW_SCOPE, {"DOWNLOAD_SLOTS": {SLOW_HOST: {"delay": ONE_MINUTE}}}],
-    ids=["THROTTLING_SCOPES", "DOWNLOAD_SLOTS"],
+    [
+        SLOW_SCOPE,
+        {"DOWNLOAD_SLOTS": {SLOW_HOST: {"delay": ONE_MINUTE}}},
+        # The scheduler learns the scopes of an async get_scopes awaiting nothing pending.
+        {
+            "THROTTLING_SCOPES": {"slow-endpoint": {"delay": ONE_MINUTE}},
+            "THROTTLING_MANAGER": AsyncEndpointManager,
+        },
+    ],
+    ids=["THROTTLING_SCOPES", "DOWNLOAD_SLOTS", "async-get_scopes"],
 )
 @pytest_twisted.ensureDeferred
 async def test_a_free_host_is_not_blocked_by_a_throttled_one(
@@ -127,38 +145,6 @@ async def test_a_free_host_is_not_blocked_by_a_throttled_one(
     assert result.stats.get("throttling/requests_delayed", 0) == 0
     assert result.stats["throttling/scheduler/held_back"] > 0
     assert result.stats["scheduler/enqueued"] == 2 * PAGES
-
-
-class AsyncEndpointManager(ThrottlingManager):
-    """``get_scopes`` as the spec writes it (``async``, cached, awaiting ``super()``),
-    naming a scope that is not the host: the scheduler cannot guess it."""
-
-    @scope_cache
-    async def get_scopes(self, request: Any) -> Any:
-        scopes = await super().get_scopes(request)
-        return "slow-endpoint" if f"//{SLOW_HOST}:" in request.url else scopes
-
-
-@pytest_twisted.ensureDeferred
-async def test_an_async_get_scopes_does_not_block_a_free_host(mock_site: MockSite) -> None:
-    """The scheduler learns the scopes of an ``async def get_scopes`` awaiting nothing pending."""
-    urls = pages(mock_site, SLOW_HOST, PAGES) + pages(mock_site, FAST_HOST, PAGES)
-    result = await run_crawl(
-        ListSpider,
-        {
-            **AWARE,
-            "THROTTLING_SCOPES": {"slow-endpoint": {"delay": ONE_MINUTE}},
-            "THROTTLING_MANAGER": AsyncEndpointManager,
-        },
-        urls=urls,
-        on_crawler=close_when(PAGES, FAST_HOST, "fast_done"),
-        crawl_timeout=30,
-    )
-    result.assert_no_unhandled_errors()
-    assert result.finish_reason == "fast_done"
-    assert fast_done(result) == PAGES
-    assert mock_site.recorder.count(SLOW_HOST) == 1
-    assert result.stats.get("throttling/requests_delayed", 0) == 0
 
 
 @pytest_twisted.ensureDeferred

@@ -211,19 +211,21 @@ def test_all_keys_share_one_hash_tag(client):
     assert len({key_slot(key.encode()) for key in client.keys("*")}) == 1
 
 
+def store_runner(client, store):
+    """``run(keys, argv)`` on the real script or on its twin."""
+    if store == "twin":
+        return TwinStore(Clock()).run
+    script = client.register_script(script_source())
+    return lambda k, argv: script(keys=k, args=argv)
+
+
 @pytest.mark.parametrize("store", ["script", "twin"])
 def test_rampup_triggers_within_target_hold_the_rate(client, store):
     """As in one process: up to the target's high end per window the rate holds, then steps.
 
     A trigger after a window ended counts in the new window, not the old one.
     """
-    if store == "script":
-        script = client.register_script(script_source())
-
-        def run(k, argv):
-            return script(keys=k, args=argv)
-    else:
-        run = TwinStore(Clock()).run
+    run = store_runner(client, store)
     r = {"delay": 0.8, "concurrency": 3, "rampup": True, "minc": 1, "rhigh": 2, "rwin": 3.0}
     now = 1_700_000_000.0
     assert run(keys("r"), acquire_argv(now, "w", "l1", [r]))[0] == "ok"
@@ -243,13 +245,7 @@ def test_rampup_triggers_within_target_hold_the_rate(client, store):
 @pytest.mark.parametrize("store", ["script", "twin"])
 def test_a_step_beyond_the_target_first_takes_back_raised_concurrency(client, store):
     """As in one process: a step lowers rampup's shared concurrency before the delay grows."""
-    if store == "script":
-        script = client.register_script(script_source())
-
-        def run(k, argv):
-            return script(keys=k, args=argv)
-    else:
-        run = TwinStore(Clock()).run
+    run = store_runner(client, store)
     r = {
         "delay": 0.0,
         "rmin": 0.0,
