@@ -67,14 +67,32 @@ Decisions
   to apply ``delay`` on backoff triggers, and may use ``remaining`` and
   ``reset`` to reconcile quotas on any response.
 * Header values longer than ``MAX_VALUE_LENGTH`` characters are ignored.
+
+Malformed values
+----------------
+A rate-limit header value that is present but unusable (garbage, negative,
+NaN or infinite, non-ASCII, too long, out of range, an unparsable
+structured-field member or parameter, an epoch timestamp or HTTP-date too
+far ahead) is ignored and reported on the ``slotkit`` logger at DEBUG
+level: one line per header and response, naming the header, the offending
+value (escaped to ASCII and cut to about 100 characters) and why it was
+refused. Well-formed values that simply ask for no wait are *not* logged:
+``Retry-After: 0``, an HTTP-date or epoch reset that is not in the future
+(often just clock skew), a reset of ``0``. Absent headers log nothing, and
+neither does a bad ``Date`` header (it is not a rate-limit header; the
+parser falls back to ``now``). Unknown parameters and dictionary keys of
+the structured fields are ignored silently (they may be extensions) unless
+nothing in the header was usable.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from slotkit.headers_fields import (
     _DATE,
+    _DISPLAY_NAMES,
     _DRAFT_LIMIT,
     _DRAFT_REMAINING,
     _DRAFT_RESET,
@@ -86,6 +104,7 @@ from slotkit.headers_fields import (
     _X_RESET,
     KNOWN_HEADERS,
     _collect,
+    _Rejected,
 )
 from slotkit.headers_policies import (
     _binding,
@@ -98,7 +117,10 @@ from slotkit.headers_policies import (
 from slotkit.headers_values import (
     MAX_DELTA_SECONDS,
     MAX_VALUE_LENGTH,
+    _ahead_problem,
     _finite_in_range,
+    _retry_after_problem,
+    _show,
     parse_delta_seconds,
     parse_http_date,
 )
@@ -145,16 +167,26 @@ class RateLimitHint:
 
 _EMPTY = RateLimitHint()
 
+logger = logging.getLogger("slotkit")
+
+# At most this many unusable values of one header are quoted in its log line,
+# and at most this many problems of each.
+_MAX_SHOWN_VALUES = 3
+
 
 # --------------------------------------------------------------------------
 # Entry point
 
 
 def _parse(headers: object, now: float) -> RateLimitHint:
-    found = _collect(headers)
-    if not found:
+    found, undecodable = _collect(headers)
+    # Fast path for most responses: no rate-limit header (a Date alone
+    # cannot produce a hint).
+    if undecodable is None and (not found or (len(found) == 1 and _DATE in found)):
         return _EMPTY
-    sources = _Sources()
+    sources = _Sources(debug=logger.isEnabledFor(logging.DEBUG))
+    if undecodable is not None and sources.debug:
+        sources.rejected.extend(undecodable)
 
     # Like Headers.get(), the last valid Date value wins.
     reference = now
@@ -168,11 +200,19 @@ def _parse(headers: object, now: float) -> RateLimitHint:
         wait = parse_delta_seconds(text)
         if wait is None:
             retry_at = parse_http_date(text, now=now)
-            if retry_at is not None:
+            if retry_at is None:
+                if sources.debug:
+                    sources.reject(_RETRY_AFTER, text, _retry_after_problem(text))
+            else:
                 wait = _finite_in_range(retry_at - reference, MAX_DELTA_SECONDS)
+                if wait is None and sources.debug:
+                    problem = _ahead_problem(retry_at - reference, "HTTP-date")
+                    sources.reject(_RETRY_AFTER, text, problem)
         if wait is not None and wait > 0:
             sources.add(_RETRY_AFTER, wait)
             waits.append(wait)
+        elif wait is not None and sources.debug:
+            sources.reject(_RETRY_AFTER, text, None)  # a date equal to the reference
 
     policies = _ratelimit_policies(found.get(_RATELIMIT, []), sources)
     families: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
@@ -199,6 +239,8 @@ def _parse(headers: object, now: float) -> RateLimitHint:
     # Families that state a limit but no remaining/reset still inform limit.
     quotas.extend(p for p in policies if not p.has_state() and p.limit is not None)
     quota = _pick_quota(binding, quotas)
+    if sources.debug:
+        _log_rejected(found, sources)
     return RateLimitHint(
         delay=max(waits) if waits else None,
         remaining=remaining,
@@ -207,6 +249,48 @@ def _parse(headers: object, now: float) -> RateLimitHint:
         reset=None if binding is None else binding.reset,
         sources=sources.ordered(),
     )
+
+
+def _more(count: int, what: str) -> str:
+    return f"and {count} more {what}{'s' if count > 1 else ''}"
+
+
+def _describe(entries: list[tuple[object, list[str]]]) -> str:
+    """``'value' (why; why), 'value' (why)``, kept short whatever the input."""
+    parts: list[str] = []
+    for value, problems in entries[:_MAX_SHOWN_VALUES]:
+        reasons = problems[:_MAX_SHOWN_VALUES]
+        if len(problems) > _MAX_SHOWN_VALUES:
+            reasons.append(_more(len(problems) - _MAX_SHOWN_VALUES, "problem"))
+        parts.append(f"{_show(value)} ({'; '.join(reasons)})")
+    if len(entries) > _MAX_SHOWN_VALUES:
+        parts.append(_more(len(entries) - _MAX_SHOWN_VALUES, "value"))
+    return ", ".join(parts)
+
+
+def _log_rejected(found: dict[str, list[str]], sources: _Sources) -> None:
+    """One DEBUG line per rate-limit header that carried an unusable value."""
+    by_name: dict[str, list[tuple[object, list[str]]]] = {}
+    rejected: list[_Rejected] = sources.rejected
+    for name, value, problem in rejected:
+        entries = by_name.setdefault(name, [])
+        # Problems found in the same line are reported together.
+        if entries and entries[-1][0] is value:
+            entries[-1][1].append(problem)
+        else:
+            entries.append((value, [problem]))
+    for name, values in found.items():
+        # Whatever else made a header useless (only unknown keys, an empty
+        # value ...) still gets a line.
+        if name != _DATE and name not in sources.names and name not in sources.no_wait:
+            by_name.setdefault(name, [(values[0], ["no usable value"])])
+    for name in KNOWN_HEADERS:
+        if name in by_name:
+            logger.debug(
+                "slotkit: ignored malformed rate-limit header %s: %s",
+                _DISPLAY_NAMES[name],
+                _describe(by_name[name]),
+            )
 
 
 def parse_rate_limit_headers(headers: object, *, now: float) -> RateLimitHint:

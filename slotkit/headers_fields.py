@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slotkit.headers_values import _OWS, _to_text
+from slotkit.headers_values import _OWS, _to_text, _value_problem
 
 _KEY_RE = re.compile(r"[a-z*][a-z0-9_.*-]*", re.ASCII)
 
@@ -34,12 +34,15 @@ def _header_name(key: object) -> str | None:
     return name.lower()
 
 
-def _value_list(value: object) -> list[object]:
-    if isinstance(value, (str, bytes, bytearray, memoryview, int, float)):
-        return [value]
+def _value_list(value: object) -> list[object] | tuple[object, ...]:
+    """The values of one header: a list or tuple of them, or a single one.
+
+    Unusable types are kept, for :func:`_to_text` to refuse (and report);
+    ``None`` counts as no value.
+    """
     if isinstance(value, (list, tuple)):
-        return list(value)
-    return []
+        return value
+    return () if value is None else (value,)
 
 
 _RETRY_AFTER = "retry-after"
@@ -68,30 +71,79 @@ KNOWN_HEADERS: tuple[str, ...] = (
 )
 _KNOWN = frozenset(KNOWN_HEADERS)
 
+# Header key (str or bytes, as given) -> its known lower-case name, or "" for
+# any other header. Responses repeat a few dozen names, and looking one up
+# costs far less than normalising it, on every header of every response.
+# Bounded (long keys are not cached; the cache is emptied when full), so a
+# server inventing names cannot grow it.
+_NAME_CACHE: dict[str | bytes, str] = {}
+_NAME_CACHE_SIZE = 1024
+_NAME_CACHE_KEY_LENGTH = 64
 
-def _collect(headers: object) -> dict[str, list[str]]:
-    """Known headers, lower-case name -> decoded values, in input order."""
-    if headers is None:
-        return {}
+
+def _known_name(key: Any) -> str:
+    """The lower-case name of *key* if the parser reads it, else ``""``."""
+    cacheable = type(key) is bytes or type(key) is str
+    if cacheable:
+        name = _NAME_CACHE.get(key)
+        if name is not None:
+            return name
+    normalised = _header_name(key)
+    name = normalised if normalised in _KNOWN else ""
+    if cacheable and len(key) <= _NAME_CACHE_KEY_LENGTH:
+        if len(_NAME_CACHE) >= _NAME_CACHE_SIZE:
+            _NAME_CACHE.clear()
+        _NAME_CACHE[key] = name
+    return name
+
+
+#: How log lines spell each known header.
+_DISPLAY_NAMES: dict[str, str] = {
+    name: "-".join(
+        {"ratelimit": "RateLimit", "x": "X"}.get(part, part.capitalize())
+        for part in name.split("-")
+    )
+    for name in KNOWN_HEADERS
+}
+
+#: A value the parser could not use: lower-case header name, the value (the
+#: decoded text, or the original object when it could not be decoded) and why.
+_Rejected = tuple[str, object, str]
+
+
+def _collect(headers: object) -> tuple[dict[str, list[str]], list[_Rejected] | None]:
+    """Known headers, lower-case name -> decoded values, in input order.
+
+    Also returns the rate-limit header values that could not be decoded (too
+    long, or of an unusable type), or ``None`` when there were none; values
+    of ``Date``, which is not a rate-limit header, are dropped silently.
+    """
+    if not headers:  # None, or no header at all
+        return {}, None
     items: Iterable[Any]
     if isinstance(headers, Mapping) or hasattr(headers, "items"):
         items = headers.items()
     elif isinstance(headers, (list, tuple)):
         items = headers
     else:
-        return {}
+        return {}, None
     found: dict[str, list[str]] = {}
+    rejected: list[_Rejected] | None = None
     for pair in items:
         if not isinstance(pair, tuple) or len(pair) != 2:
             continue
-        name = _header_name(pair[0])
-        if name is None or name not in _KNOWN:
+        name = _known_name(pair[0])
+        if not name:
             continue
         for raw in _value_list(pair[1]):
             text = _to_text(raw)
             if text is not None:
                 found.setdefault(name, []).append(text)
-    return found
+            elif name != _DATE:
+                if rejected is None:
+                    rejected = []
+                rejected.append((name, raw, _value_problem(raw)))
+    return found, rejected
 
 
 # --------------------------------------------------------------------------

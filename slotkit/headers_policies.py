@@ -3,6 +3,11 @@
 Turns the structured ``RateLimit`` / ``RateLimit-Policy`` fields and the
 separate ``RateLimit-*`` / ``X-RateLimit-*`` fields into policies, and picks
 the binding policy and the one that supplies ``limit``/``window``.
+
+When the ``slotkit`` logger logs at DEBUG level (``_Sources.debug``), every
+value that is present but unusable is noted on :class:`_Sources` (header,
+raw line, reason) for the log line of :mod:`slotkit.headers`. That
+bookkeeping only runs on the rejection path, and not at all otherwise.
 """
 
 from __future__ import annotations
@@ -11,8 +16,22 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from slotkit.headers_fields import _RATELIMIT, _RATELIMIT_POLICY, KNOWN_HEADERS, _parse_members
-from slotkit.headers_values import MAX_DELTA_SECONDS, _parse_number
+from slotkit.headers_fields import (
+    _RATELIMIT,
+    _RATELIMIT_POLICY,
+    KNOWN_HEADERS,
+    _Member,
+    _parse_members,
+    _Rejected,
+)
+from slotkit.headers_values import (
+    _NOT_A_NUMBER,
+    MAX_DELTA_SECONDS,
+    _ahead_problem,
+    _number_problem,
+    _parse_number,
+    _show,
+)
 
 # --------------------------------------------------------------------------
 # Policies
@@ -56,74 +75,170 @@ def _reset_maybe_epoch(text: str, reference: float) -> float | None:
     return None
 
 
+def _reset_epoch_problem(text: str, reference: float) -> str | None:
+    """Why :func:`_reset_maybe_epoch` gave ``None`` (``None``: a past timestamp)."""
+    number = _parse_number(text)
+    if number is None:
+        return _number_problem(text)
+    return _ahead_problem(number - reference, "epoch timestamp")
+
+
+def _window_problem(text: str) -> str:
+    return "zero" if _parse_number(text) == 0 else _number_problem(text, maximum=MAX_DELTA_SECONDS)
+
+
+# Characters of a parameter or member quoted in a reason (the whole line is
+# quoted too).
+_SHOWN_PART_CHARS = 40
+
+
+def _param(key: str, text: str, problem: str) -> str:
+    return f"{key}={_show(text, _SHOWN_PART_CHARS)}: {problem}"
+
+
+def _item(member: _Member, line: str, problem: str) -> str:
+    """*problem*, naming the member when *line* has more than this one."""
+    if member.item == line:
+        return problem
+    return f"{_show(member.item, _SHOWN_PART_CHARS)}: {problem}"
+
+
 class _Sources:
-    def __init__(self) -> None:
+    """Which headers gave a valid value, and which values were unusable."""
+
+    def __init__(self, *, debug: bool = False) -> None:
         self.names: set[str] = set()
+        #: Whether to note unusable values (callers test it before working
+        #: out why a value is unusable).
+        self.debug = debug
+        #: Unusable values, in the order met: see :data:`_Rejected`.
+        self.rejected: list[_Rejected] = []
+        #: Headers with a well-formed value that asks for nothing (a zero
+        #: ``Retry-After``, a past date): neither used nor malformed.
+        self.no_wait: set[str] = set()
 
     def add(self, name: str, value: float | None) -> float | None:
         if value is not None:
             self.names.add(name)
         return value
 
+    def reject(self, name: str, value: object, problem: str | None) -> None:
+        """Note an unusable *value* of header *name*; ``None``: asks for no wait."""
+        if problem is None:
+            self.no_wait.add(name)
+        else:
+            self.rejected.append((name, value, problem))
+
     def ordered(self) -> tuple[str, ...]:
         return tuple(name for name in KNOWN_HEADERS if name in self.names)
+
+
+def _legacy_value(key: str, text: str, line: str, sources: _Sources) -> float | None:
+    """``limit``/``remaining``/``reset`` of the dictionary form of ``RateLimit``."""
+    reset = key == "reset"
+    number = _reset_delta(text) if reset else _quota(text)
+    if number is None and sources.debug:
+        problem = _number_problem(text, maximum=MAX_DELTA_SECONDS if reset else math.inf)
+        sources.reject(_RATELIMIT, line, _param(key, text, problem))
+    return sources.add(_RATELIMIT, number)
+
+
+def _note_item_policy(
+    r_text: str | None, t_text: str | None, policy: _Policy, line: str, sources: _Sources
+) -> None:
+    """Note what made a ``RateLimit`` item unusable (if anything did)."""
+    if r_text is None and t_text is None:
+        sources.reject(_RATELIMIT, line, "a policy with neither r= nor t=")
+    if r_text is not None and policy.remaining is None:
+        sources.reject(_RATELIMIT, line, _param("r", r_text, _number_problem(r_text)))
+    if t_text is not None and policy.reset is None:
+        problem = _number_problem(t_text, maximum=MAX_DELTA_SECONDS)
+        sources.reject(_RATELIMIT, line, _param("t", t_text, problem))
 
 
 def _ratelimit_policies(values: list[str], sources: _Sources) -> list[_Policy]:
     """Policies from the ``RateLimit`` field (item and dictionary forms)."""
     policies: list[_Policy] = []
     legacy = _Policy()
-    for member in _parse_members(values):
-        if member.key is None:
-            policy = _Policy(
-                name=member.item or None,
-                remaining=sources.add(_RATELIMIT, _quota(member.params.get("r"))),
-                reset=sources.add(_RATELIMIT, _reset_delta(member.params.get("t"))),
-            )
-            if policy.has_state():
-                policies.append(policy)
-        elif member.key == "limit":
-            legacy.limit = sources.add(_RATELIMIT, _quota(member.item))
-        elif member.key == "remaining":
-            legacy.remaining = sources.add(_RATELIMIT, _quota(member.item))
-        elif member.key == "reset":
-            legacy.reset = sources.add(_RATELIMIT, _reset_delta(member.item))
+    for line in values:
+        for member in _parse_members([line]):
+            if member.key is None:
+                r_text = member.params.get("r")
+                t_text = member.params.get("t")
+                policy = _Policy(
+                    name=member.item or None,
+                    remaining=sources.add(_RATELIMIT, _quota(r_text)),
+                    reset=sources.add(_RATELIMIT, _reset_delta(t_text)),
+                )
+                if policy.has_state():
+                    policies.append(policy)
+                if sources.debug:
+                    _note_item_policy(r_text, t_text, policy, line, sources)
+            elif member.key == "limit":
+                legacy.limit = _legacy_value(member.key, member.item, line, sources)
+            elif member.key == "remaining":
+                legacy.remaining = _legacy_value(member.key, member.item, line, sources)
+            elif member.key == "reset":
+                legacy.reset = _legacy_value(member.key, member.item, line, sources)
     if legacy.has_state() or legacy.limit is not None:
         policies.append(legacy)
     return policies
 
 
+def _window_param(member: _Member, name: str, line: str, sources: _Sources) -> float | None:
+    """The ``w``/``window`` parameter of *member*, noting an unusable one."""
+    key = "w" if member.params.get("w") else "window"
+    text = member.params.get(key)
+    window = _window(text)
+    if text and window is None and sources.debug:
+        sources.reject(name, line, _param(key, text, _window_problem(text)))
+    return window
+
+
 def _quota_policies(values: list[str], sources: _Sources) -> list[_Policy]:
     """Quota definitions from ``RateLimit-Policy``."""
     policies: list[_Policy] = []
-    for member in _parse_members(values):
-        if member.key is not None:
-            continue
-        if "q" in member.params:
-            name: str | None = member.item or None
-            limit = _quota(member.params["q"])
-        else:  # older drafts: a bare number with a w= parameter
-            name = None
-            limit = _quota(member.item)
-        window = _window(member.params.get("w") or member.params.get("window"))
-        if limit is not None:
-            sources.add(_RATELIMIT_POLICY, limit)
-            policies.append(_Policy(name=name, limit=limit, window=window))
+    for line in values:
+        for member in _parse_members([line]):
+            if member.key is not None:
+                continue
+            if "q" in member.params:
+                name: str | None = member.item or None
+                limit = _quota(member.params["q"])
+                if limit is None and sources.debug:
+                    problem = _param("q", member.params["q"], _number_problem(member.params["q"]))
+                    sources.reject(_RATELIMIT_POLICY, line, problem)
+            else:  # older drafts: a bare number with a w= parameter
+                name = None
+                limit = _quota(member.item)
+                if limit is None and sources.debug:
+                    problem = _number_problem(member.item)
+                    if problem == _NOT_A_NUMBER:
+                        problem = "a policy with no q="
+                    sources.reject(_RATELIMIT_POLICY, line, _item(member, line, problem))
+            window = _window_param(member, _RATELIMIT_POLICY, line, sources)
+            if limit is not None:
+                sources.add(_RATELIMIT_POLICY, limit)
+                policies.append(_Policy(name=name, limit=limit, window=window))
     return policies
 
 
 def _numbers(found: dict[str, list[str]], names: Iterable[str], sources: _Sources) -> list[float]:
     numbers: list[float] = []
     for name in names:
-        for member in _parse_members(found.get(name, [])):
-            if member.key is None:
+        for line in found.get(name, []):
+            for member in _parse_members([line]):
+                if member.key is not None:
+                    continue
                 number = sources.add(name, _quota(member.item))
                 if number is not None:
                     numbers.append(number)
+                elif sources.debug:
+                    sources.reject(name, line, _item(member, line, _number_problem(member.item)))
     return numbers
 
 
-def _limit_line(value: str) -> tuple[float | None, float | None]:
+def _limit_line(name: str, line: str, sources: _Sources) -> tuple[float | None, float | None]:
     """Limit (and window) from one ``*-Limit`` line.
 
     Early drafts let ``RateLimit-Limit`` list quota policies after the
@@ -133,16 +248,19 @@ def _limit_line(value: str) -> tuple[float | None, float | None]:
     """
     limit: float | None = None
     window: float | None = None
-    for member in _parse_members([value]):
+    for member in _parse_members([line]):
         if member.key is not None:
             continue
         quota = _quota(member.item)
         if quota is None:
+            if sources.debug:
+                sources.reject(name, line, _item(member, line, _number_problem(member.item)))
             continue
+        member_window = _window_param(member, name, line, sources)
         if limit is None:
             limit = quota
         if quota == limit and window is None:
-            window = _window(member.params.get("w") or member.params.get("window"))
+            window = member_window
     return limit, window
 
 
@@ -158,7 +276,7 @@ def _separate_fields_policy(
     policy = _Policy()
     for name in limit_names:
         for value in found.get(name, []):
-            limit, window = _limit_line(value)
+            limit, window = _limit_line(name, value, sources)
             if limit is None:
                 continue
             sources.add(name, limit)
@@ -169,11 +287,18 @@ def _separate_fields_policy(
         policy.remaining = min(remaining)
     resets: list[float] = []
     for name in reset_names:
-        for member in _parse_members(found.get(name, [])):
-            if member.key is None:
+        for line in found.get(name, []):
+            for member in _parse_members([line]):
+                if member.key is not None:
+                    continue
                 reset = sources.add(name, _reset_maybe_epoch(member.item, reference))
                 if reset is not None:
                     resets.append(reset)
+                elif sources.debug:
+                    problem = _reset_epoch_problem(member.item, reference)
+                    if problem is not None:
+                        problem = _item(member, line, problem)
+                    sources.reject(name, line, problem)
     if resets:
         policy.reset = max(resets)
     if policy.has_state() or policy.limit is not None:

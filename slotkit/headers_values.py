@@ -3,6 +3,10 @@
 Decoding one header value, tolerant non-negative numbers, RFC 9110
 delta-seconds and HTTP-dates. Like the rest of the parser, nothing here reads
 a clock or raises on bad input.
+
+The ``*_problem`` helpers say, in a few words, why a value was rejected; they
+are only called on the rejection path, for the debug log of
+:mod:`slotkit.headers`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ MAX_VALUE_LENGTH = 4096
 _MAX_NUMBER_CHARS = 32
 
 _OWS = " \t"
+
+#: Characters of a rejected value quoted in a debug log line.
+_SHOWN_CHARS = 100
 
 _INTEGER_RE = re.compile(r"[0-9]+", re.ASCII)
 _DECIMAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
@@ -88,6 +95,44 @@ def _to_text(value: object) -> str | None:
     return text.strip(_OWS)
 
 
+def _value_problem(value: object) -> str:
+    """Why :func:`_to_text` returned ``None`` for *value*."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        return f"longer than {MAX_VALUE_LENGTH} characters"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "integer too large"
+    return f"unsupported value type {_type_name(value)}"
+
+
+def _type_name(value: object) -> str:
+    return ascii(type(value).__name__)[1:-1]
+
+
+def _show(value: object, limit: int = _SHOWN_CHARS) -> str:
+    """A short, log-safe rendering of a header value: ASCII only, escaped.
+
+    Text and bytes are cut to *limit* characters (bytes are shown byte for
+    byte, as Latin-1); other objects are shown by type only, so that no
+    foreign ``__repr__`` runs.
+    """
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        text = bytes(value).decode("latin-1")
+    elif isinstance(value, float) or (
+        isinstance(value, int) and abs(value) < 10**_MAX_NUMBER_CHARS
+    ):
+        return repr(value)
+    elif isinstance(value, int):
+        return f"<int of {value.bit_length()} bits>"
+    else:
+        return f"<{_type_name(value)}>"
+    shown = ascii(text[:limit])
+    if len(text) <= limit and len(shown) <= limit + 2:
+        return shown
+    return f"{shown[:limit]}... ({len(text)} chars)"
+
+
 def _finite_in_range(number: float, maximum: float) -> float | None:
     if math.isfinite(number) and 0 <= number <= maximum:
         return number
@@ -105,6 +150,37 @@ def _parse_number(text: str, *, fractions: bool = True, maximum: float = math.in
     return _finite_in_range(float(text), maximum)
 
 
+_NOT_A_NUMBER = "not a number"
+
+
+def _number_problem(text: str, *, fractions: bool = True, maximum: float = math.inf) -> str:
+    """Why :func:`_parse_number` rejected *text* (``_NOT_A_NUMBER`` if unclear)."""
+    text = text.strip(_OWS)
+    if not text:
+        return "empty"
+    if not text.isascii():
+        return "non-ASCII characters"
+    unsigned = text[1:] if text[0] in "+-" else text
+    if unsigned.lower() in ("nan", "inf", "infinity"):
+        return "not a finite number"
+    if text[0] == "-" and _DECIMAL_RE.fullmatch(unsigned):
+        return "negative"
+    if _DECIMAL_RE.fullmatch(text):
+        if not fractions and _INTEGER_RE.fullmatch(text) is None:
+            return "not a whole number"
+        if len(text) > _MAX_NUMBER_CHARS:
+            return "too many digits"
+        return f"more than {maximum:.0f} seconds"  # only seconds have a maximum
+    if len(text) <= _MAX_NUMBER_CHARS:
+        try:
+            float(text)
+        except ValueError:
+            pass
+        else:  # signs, exponents, digit separators, a bare "." ...
+            return "not a plain integer" if not fractions else "not a plain decimal number"
+    return _NOT_A_NUMBER
+
+
 def parse_delta_seconds(value: str | bytes) -> float | None:
     """Parse RFC 9110 delta-seconds (``1*DIGIT``) as a positive delay.
 
@@ -118,6 +194,30 @@ def parse_delta_seconds(value: str | bytes) -> float | None:
     if number is None or number <= 0:
         return None
     return number
+
+
+def _retry_after_problem(text: str) -> str | None:
+    """Why a ``Retry-After`` value that is not an HTTP-date gave no delay.
+
+    ``None`` for zero, which is well-formed and simply asks for no wait.
+    """
+    number = _parse_number(text, fractions=False)
+    if number == 0:
+        return None
+    if number is not None:
+        return f"more than {MAX_DELTA_SECONDS} seconds"
+    problem = _number_problem(text, fractions=False, maximum=MAX_DELTA_SECONDS)
+    return "neither delta-seconds nor an HTTP-date" if problem == _NOT_A_NUMBER else problem
+
+
+def _ahead_problem(delta: float, what: str) -> str | None:
+    """Why a moment *delta* seconds ahead gave no wait (``None``: not ahead)."""
+    if delta > MAX_DELTA_SECONDS:
+        return f"{what} more than {MAX_DELTA_SECONDS} seconds ahead"
+    if math.isnan(delta):
+        return f"{what} cannot be compared with the current time"
+    # Not in the future: a well-formed value that asks for no wait.
+    return None
 
 
 def _four_digit_year(two_digits: int, now: float) -> int | None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import calendar
+import contextlib
 import dataclasses
 import email.utils
+import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -935,3 +938,265 @@ def test_property_multiple_policies_most_restrictive(policies: list[tuple[int, i
         assert hint.delay is None
         least = min(r for r, _ in policies)
         assert hint.reset == max(t for r, t in policies if r == least)
+
+
+# ------------------------------------------- debug log of unusable values
+
+_MALFORMED = "ignored malformed rate-limit header"
+
+
+def _log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "slotkit" and _MALFORMED in record.getMessage()
+    ]
+
+
+def _parse_logged(caplog: pytest.LogCaptureFixture, headers: Any, now: float = NOW) -> list[str]:
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="slotkit"):
+        parse(headers, now)
+    for record in caplog.records:
+        assert record.levelno == logging.DEBUG
+    return _log_lines(caplog)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        pytest.param(
+            {"Retry-After": "abc"},
+            "Retry-After: 'abc' (neither delta-seconds nor an HTTP-date)",
+            id="retry-after-garbage",
+        ),
+        pytest.param({"Retry-After": "-5"}, "Retry-After: '-5' (negative)", id="negative"),
+        pytest.param({"Retry-After": "1.5"}, "'1.5' (not a whole number)", id="fraction"),
+        pytest.param({"Retry-After": "1e3"}, "'1e3' (not a plain integer)", id="exponent"),
+        pytest.param({"Retry-After": "nan"}, "'nan' (not a finite number)", id="nan"),
+        pytest.param({"Retry-After": "-inf"}, "'-inf' (not a finite number)", id="minus-inf"),
+        pytest.param({"Retry-After": ""}, "Retry-After: '' (empty)", id="empty"),
+        pytest.param(
+            {"Retry-After": str(MAX_DELTA_SECONDS + 1)},
+            f"'{MAX_DELTA_SECONDS + 1}' (more than {MAX_DELTA_SECONDS} seconds)",
+            id="above-cap",
+        ),
+        pytest.param(
+            {"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"},
+            f"(HTTP-date more than {MAX_DELTA_SECONDS} seconds ahead)",
+            id="date-too-far-ahead",
+        ),
+        pytest.param(
+            {"Retry-After": "\uff11\uff12"},
+            r"Retry-After: '\uff11\uff12' (non-ASCII characters)",
+            id="fullwidth-digits-str",
+        ),
+        pytest.param(
+            {b"Retry-After": b"\xff\xfe"},
+            r"Retry-After: '\xff\xfe' (non-ASCII characters)",
+            id="undecodable-bytes",
+        ),
+        pytest.param(
+            {"Retry-After": "1\r\nX-Evil: 1"},
+            r"'1\r\nX-Evil: 1' (neither delta-seconds nor an HTTP-date)",
+            id="crlf-escaped",
+        ),
+        pytest.param(
+            {"Retry-After": object()},
+            "Retry-After: <object> (unsupported value type object)",
+            id="odd-value-type",
+        ),
+        pytest.param(
+            {"Retry-After": "5" * (MAX_VALUE_LENGTH + 1)},
+            f"({MAX_VALUE_LENGTH + 1} chars) (longer than {MAX_VALUE_LENGTH} characters)",
+            id="over-long-value",
+        ),
+        pytest.param(
+            {"RateLimit": '"default";r=abc;t=-1'},
+            "RateLimit: '\"default\";r=abc;t=-1' (r='abc': not a number; t='-1': negative)",
+            id="ratelimit-params",
+        ),
+        pytest.param(
+            {"RateLimit": '"default";r=0;t=nan'},
+            "(t='nan': not a finite number)",
+            id="ratelimit-nan-reset",
+        ),
+        pytest.param(
+            {"RateLimit": "limit=, remaining=-1, reset=???"},
+            "(limit='': empty; remaining='-1': negative; reset='???': not a number)",
+            id="ratelimit-dictionary-form",
+        ),
+        pytest.param(
+            {"RateLimit": "garbage"},
+            "RateLimit: 'garbage' (a policy with neither r= nor t=)",
+            id="ratelimit-garbage",
+        ),
+        pytest.param(
+            {"RateLimit": "foo=1"}, "RateLimit: 'foo=1' (no usable value)", id="unknown-key-only"
+        ),
+        pytest.param(
+            {"RateLimit-Policy": "garbage;;;q==;w=-3"},
+            "RateLimit-Policy: 'garbage;;;q==;w=-3' (q='=': not a number; w='-3': negative)",
+            id="policy-params",
+        ),
+        pytest.param(
+            {"RateLimit-Policy": '"a";w=60'},
+            "RateLimit-Policy: '\"a\";w=60' ('a': a policy with no q=)",
+            id="policy-without-quota",
+        ),
+        pytest.param({"RateLimit-Reset": "-1"}, "RateLimit-Reset: '-1' (negative)", id="reset"),
+        pytest.param(
+            {"X-RateLimit-Reset": str(int(NOW) * 1000)},
+            f"(epoch timestamp more than {MAX_DELTA_SECONDS} seconds ahead)",
+            id="millisecond-epoch",
+        ),
+        pytest.param(
+            {"X-RateLimit-Reset": "1.5.6"},
+            "X-RateLimit-Reset: '1.5.6' (not a number)",
+            id="x-reset",
+        ),
+        pytest.param(
+            {"X-Rate-Limit-Remaining": "-3"},
+            "X-Rate-Limit-Remaining: '-3' (negative)",
+            id="x-remaining-other-spelling",
+        ),
+        pytest.param(
+            {"X-RateLimit-Limit": "10, x, 20;w=abc"},
+            "X-RateLimit-Limit: '10, x, 20;w=abc' ('x': not a number; w='abc': not a number)",
+            id="x-limit-members",
+        ),
+    ],
+)
+def test_unusable_value_logs_one_debug_line(
+    caplog: pytest.LogCaptureFixture, headers: dict[Any, Any], expected: str
+) -> None:
+    (line,) = _parse_logged(caplog, headers)
+    assert expected in line
+    assert line.startswith(f"slotkit: {_MALFORMED} ")
+    assert line.isascii()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param({}, id="nothing"),
+        pytest.param({"Content-Type": "text/html", "X-Other": "abc"}, id="unrelated"),
+        pytest.param({"Date": "garbage"}, id="bad-date-alone"),
+        pytest.param({"Date": "garbage", "Retry-After": "5"}, id="bad-date-with-valid-hint"),
+        pytest.param({"Retry-After": ["5", "10"]}, id="valid"),
+        pytest.param({"Retry-After": "0"}, id="zero-asks-for-no-wait"),
+        pytest.param({"Retry-After": imf(NOW - 90)}, id="past-date"),
+        pytest.param({"Retry-After": imf(NOW)}, id="date-equal-now"),
+        pytest.param({"X-RateLimit-Reset": str(int(NOW) - 5)}, id="past-epoch-reset"),
+        pytest.param({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "0"}, id="zero-reset"),
+        pytest.param({"RateLimit": '"a";r=5;t=10;pk=xyz'}, id="unknown-parameter"),
+        pytest.param({"RateLimit": '"a";r=5;t=10, extra=1'}, id="unknown-key-beside-policy"),
+        pytest.param({"Retry-After": None}, id="none-value"),
+        pytest.param({"Retry-After": []}, id="no-values"),
+    ],
+)
+def test_absent_valid_or_no_wait_values_log_nothing(
+    caplog: pytest.LogCaptureFixture, headers: dict[Any, Any]
+) -> None:
+    assert _parse_logged(caplog, headers) == []
+
+
+def test_one_line_per_header_however_many_bad_values(caplog: pytest.LogCaptureFixture) -> None:
+    headers = Headers({"Retry-After": ["abc", "-1", "7", "1.5", "zz"], "RateLimit": "garbage"})
+    headers.appendlist("X-RateLimit-Remaining", "-3")
+    headers.appendlist("X-RateLimit-Remaining", "x")
+    lines = _parse_logged(caplog, headers)
+    assert len(lines) == 3
+    retry_after, ratelimit, remaining = lines
+    assert "Retry-After: 'abc' (neither" in retry_after
+    assert "'-1' (negative), '1.5' (not a whole number), and 1 more value" in retry_after
+    assert "'7'" not in retry_after
+    assert "RateLimit: 'garbage'" in ratelimit
+    assert "X-RateLimit-Remaining: '-3' (negative), 'x' (not a number)" in remaining
+
+
+def test_valid_parts_are_still_used_when_a_header_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    headers = {"RateLimit": '"a";r=0;t=-1, "b";r=0;t=20', "Retry-After": ["x", "4"]}
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="slotkit"):
+        hint = parse(headers)
+    assert hint == RateLimitHint(
+        delay=20.0, remaining=0.0, reset=20.0, sources=("retry-after", "ratelimit")
+    )
+    assert len(_log_lines(caplog)) == 2
+
+
+def test_logged_value_is_truncated(caplog: pytest.LogCaptureFixture) -> None:
+    (line,) = _parse_logged(caplog, {"Retry-After": "\u00e9" * 3000})
+    assert line.isascii()
+    assert "... (3000 chars) (non-ASCII characters)" in line
+    assert len(line) < 250
+    (line,) = _parse_logged(caplog, {"Retry-After": b"x" * 20000})
+    assert f"{'x' * 99}... (20000 chars) (longer than {MAX_VALUE_LENGTH} characters)" in line
+    assert len(line) < 250
+
+
+def test_problems_of_one_value_are_capped(caplog: pytest.LogCaptureFixture) -> None:
+    value = ", ".join(f'"p{i}";r=-{i};t=x' for i in range(1, 30))
+    (line,) = _parse_logged(caplog, {"RateLimit": value})
+    assert "(r='-1': negative; t='x': not a number; r='-2': negative; and 55 more problems)" in line
+    assert len(line) < 400
+
+
+def test_huge_int_value_is_not_rendered(caplog: pytest.LogCaptureFixture) -> None:
+    (line,) = _parse_logged(caplog, {"X-RateLimit-Reset": 10**5000})
+    assert "X-RateLimit-Reset: <int of 16610 bits> (integer too large)" in line
+
+
+def test_nothing_is_logged_above_debug(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="slotkit"):
+        hint = parse({"Retry-After": "abc", "RateLimit": "garbage", "X-RateLimit-Reset": "-1"})
+    assert hint == RateLimitHint()
+    assert caplog.records == []
+
+
+@contextlib.contextmanager
+def _slotkit_debug_records() -> Iterator[list[logging.LogRecord]]:
+    """Collect the "slotkit" logger's records at DEBUG (no caplog: usable in @given)."""
+    records: list[logging.LogRecord] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    log = logging.getLogger("slotkit")
+    handler = _Keep(logging.DEBUG)
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
+@given(headers=_headers_dict, now=_now)
+@example(headers={"Retry-After": ["9" * 5000, "x", "-1", "1.5"]}, now=NOW)
+@example(headers={b"RateLimit": b'"\xff";r=0;t=1e400', "X-RateLimit-Reset": 10**400}, now=math.nan)
+def test_property_debug_log_is_bounded_and_changes_nothing(
+    headers: dict[Any, Any], now: float
+) -> None:
+    quiet = headers_module._parse(headers, now)
+    with _slotkit_debug_records() as records:
+        loud = headers_module._parse(headers, now)
+    assert loud == quiet
+    named = [record.args[0] for record in records if isinstance(record.args, tuple)]
+    assert len(named) == len(set(named)) == len(records)  # one line per header
+    for record in records:
+        message = record.getMessage()
+        assert record.levelno == logging.DEBUG
+        assert message.isascii()
+        assert "\n" not in message
+        assert "\r" not in message
+        # At most three values of ~100 characters, three short reasons each.
+        assert len(message) < 2000
