@@ -27,9 +27,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _CI else 
 
 # --------------------------------------------------------------------------- 2. Fixtures
 
-from collections.abc import AsyncIterator  # noqa: E402
+from collections.abc import AsyncIterator, Iterator  # noqa: E402
 
+import pytest  # noqa: E402
 import pytest_twisted  # noqa: E402
+from scrapy.resolver import dnscache  # noqa: E402
 
 from tests.server import MockSite  # noqa: E402
 
@@ -41,3 +43,12 @@ async def mock_site() -> AsyncIterator[MockSite]:
     await site.start()
     yield site
     await site.stop()
+
+
+@pytest.fixture
+def cached_names() -> Iterator[dict[str, str]]:
+    """Names put in Scrapy's DNS cache for one test (as its caching resolver would)."""
+    names: dict[str, str] = {}
+    yield names
+    for name in names:
+        dnscache.pop(name, None)

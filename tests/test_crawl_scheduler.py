@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -213,15 +213,6 @@ async def test_a_free_host_is_not_blocked_under_a_plain_twisted_reactor() -> Non
     assert len(fast) == PAGES
     assert result["finished"] - result["started"] < 15
     assert result["stats"].get("throttling/requests_delayed", 0) == 0
-
-
-@pytest.fixture
-def cached_names() -> Iterator[dict[str, str]]:
-    """Names put in Scrapy's DNS cache for one test (as its caching resolver would)."""
-    names: dict[str, str] = {}
-    yield names
-    for name in names:
-        dnscache.pop(name, None)
 
 
 @pytest_twisted.ensureDeferred

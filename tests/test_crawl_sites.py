@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -23,15 +22,6 @@ CRAWL_DELAY = 0.3
 
 def pages(site: MockSite, host: str, count: int, **query: Any) -> list[str]:
     return [site.url(host, f"/page/{i}", **query) for i in range(count)]
-
-
-@pytest.fixture
-def cached_names() -> Iterator[dict[str, str]]:
-    """Names put in Scrapy's DNS cache for one test (as its caching resolver would)."""
-    names: dict[str, str] = {}
-    yield names
-    for name in names:
-        dnscache.pop(name, None)
 
 
 @pytest_twisted.ensureDeferred

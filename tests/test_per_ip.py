@@ -11,7 +11,6 @@ from scrapy.resolver import dnscache
 from slotkit import ThrottlingManager
 from tests.crawl import ListSpider, run_crawl
 from tests.server import MockSite
-from tests.test_crawl_scheduler import cached_names  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +36,7 @@ class SubclassManager(ThrottlingManager):
 @pytest_twisted.ensureDeferred
 async def test_the_address_limit_holds_whatever_names_the_scopes(
     mock_site: MockSite,
-    cached_names: dict[str, str],  # noqa: F811
+    cached_names: dict[str, str],
     how: str,
 ) -> None:
     """Two names on one address, per-IP limit 1: never two requests at once at the server."""
