@@ -210,11 +210,10 @@ class Gate:
         for scope, amount in zip(ticket.scopes, ticket.amounts, strict=True):
             scope.discard_done(request)
             manager = scope.manager
-            finished = getattr(manager, "record_finished", None)
-            if finished is not None:  # slotkit's own managers: which request ended matters
-                finished(now, ticket.sent_at, amount)
-            else:
-                manager.record_done(now)
+            ending = getattr(manager, "record_ending", None)
+            if ending is not None:  # slotkit's own managers: which request ended matters
+                ending(ticket.sent_at, amount)
+            manager.record_done(now)
         for scope in ticket.scopes:
             if scope.waiters:  # nobody parked here: nothing a poke could admit
                 self.poke(scope)

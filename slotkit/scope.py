@@ -59,6 +59,7 @@ class ThrottlingScopeManager:
 
     # A crawl may keep 100,000 of these: slots keep each one small.
     __slots__ = (
+        "_ending",
         "_factor",
         "_opening",
         "_rng",
@@ -115,8 +116,10 @@ class ThrottlingScopeManager:
         self.hold_until = NEVER
         self._rng: Uniform = SHARED_RNG if rng is None else rng
         self._factor = 1.0  # jitter factor drawn at the last dispatch
-        #: The scope's first request is in flight (see record_finished).
+        #: The scope's first request is in flight (see record_done).
         self._opening = False
+        #: Which request the next record_done is for (see record_ending).
+        self._ending: tuple[float, float | None] | None = None
         self.backoff = DEFAULT_BACKOFF if backoff is None else backoff
         #: The backoff delay, or ``None`` when the scope is not backing off.
         self.backoff_delay: float | None = None
@@ -191,19 +194,18 @@ class ThrottlingScopeManager:
         if self.last_sent is not None and now > self.last_sent:
             self.last_sent = now
 
-    def record_done(self, now: float) -> None:
-        self.record_finished(now)
+    def record_ending(self, sent_at: float, amount: float | None) -> None:
+        """The next :meth:`record_done` is for the request dispatched at *sent_at*.
 
-    def record_finished(
-        self, now: float, sent_at: float | None = None, amount: float | None = None
-    ) -> None:
-        """:meth:`record_done`, told which request ended.
-
-        It was dispatched at *sent_at* and spends *amount* of the quota.
-
-        The gate calls this when a manager has it: a quota unit stays counted
-        until a window after its own request ended (see :mod:`slotkit.quota`).
+        The gate says so just before ``record_done`` (which the interface
+        gives only ``now``): a quota unit stays counted until a window after
+        its own request ended (see :mod:`slotkit.quota`), and requests end
+        out of order. A subclass overriding ``record_done`` still gets it.
         """
+        self._ending = (sent_at, amount)
+
+    def record_done(self, now: float) -> None:
+        ending, self._ending = self._ending, None
         self.active = max(0, self.active - 1)
         self.last_done = now
         if self._opening:
@@ -215,6 +217,7 @@ class ThrottlingScopeManager:
             if self.last_sent is not None and now > self.last_sent:
                 self.last_sent = now
         if self.quota is not None:
+            sent_at, amount = ending if ending is not None else (None, None)
             self.quota.finish(now, sent_at, 1.0 if amount is None else amount)
 
     def record_backoff(self, delay: float | None = None, now: float = 0.0) -> None:

@@ -57,7 +57,7 @@ REQUIRED_METHODS = tuple(SCOPE_MANAGER_CALLS)
 #: Outside the interface: slotkit calls these only on managers that define them.
 OPTIONAL_SCOPE_MANAGER_CALLS: dict[str, tuple[str, ...]] = {
     "record_started": ("now",),
-    "record_finished": ("now", "sent_at", "amount"),
+    "record_ending": ("sent_at", "amount"),
     "export_state": ("now",),
     "import_state": ("state", "now"),
     "set_jitter": ("jitter",),

@@ -820,3 +820,27 @@ def test_random_schedules_keep_every_invariant(ops: list[tuple[str, float, int]]
     for first, second in itertools.combinations(fired_order, 2):
         if sets[first] == sets[second]:
             assert int(first[1:]) < int(second[1:])
+
+
+def test_a_subclass_overriding_record_done_is_still_called_and_told_which_request() -> None:
+    """The gate says which request ended (record_ending) and then calls record_done itself."""
+    done: list[float] = []
+
+    class Counting(ThrottlingScopeManager):
+        def record_done(self, now: float) -> None:
+            done.append(now)
+            super().record_done(now)
+
+    clock = Clock()
+    gate = Gate(clock)
+    scope = Scope("api", Counting(concurrency=2, quota=2.0, window=10.0))
+    slow = gate.try_acquire(Request("https://api.example/slow"), [scope], [1.0])
+    clock.advance(1.0)
+    fast = gate.try_acquire(Request("https://api.example/fast"), [scope], [1.0])
+    assert slow is not None
+    assert fast is not None
+    clock.advance(1.0)
+    gate.release(fast)  # ends first: its own unit starts to expire, not the slow one's
+    assert done == [2.0]
+    assert scope.manager.can_send(2.0, 1.0) == pytest.approx(10.0)
+    assert scope.manager.can_send(2.0, 2.0) == math.inf  # the slow one is still in flight

@@ -241,10 +241,12 @@ def test_units_count_until_a_window_after_their_request_ended() -> None:
     scope.record_sent(0.0, 5.0)  # slow (say, it opens the connection)
     scope.record_sent(1.0, 1.0)
     # The later, cheaper request ends first: its own unit starts to expire.
-    scope.record_finished(2.0, sent_at=1.0, amount=1.0)
+    scope.record_ending(sent_at=1.0, amount=1.0)
+    scope.record_done(2.0)
     assert scope.can_send(2.0, 1.0) == pytest.approx(WINDOW)  # when that unit expires
     assert scope.can_send(2.0, 2.0) == math.inf  # the 5 units are still in flight
-    scope.record_finished(3.0, sent_at=0.0, amount=5.0)
+    scope.record_ending(sent_at=0.0, amount=5.0)
+    scope.record_done(3.0)
     assert scope.can_send(3.0, 1.0) == pytest.approx(WINDOW - 1.0)
     assert scope.can_send(3.0, 2.0) == pytest.approx(WINDOW)
 
