@@ -124,8 +124,13 @@ class ScopeControl:
         :func:`~slotkit.awaitables.run_without_suspending`). Never raises.
         """
         if self._default_get_scopes:
-            scopes = self.manager._default_scopes(request)
-            return {scopes: None} if type(scopes) is str else normalize_scopes(scopes)
+            raw = self.manager._default_scopes(request)
+            known: dict[str, float | None] = (
+                {raw: None} if type(raw) is str else normalize_scopes(raw)
+            )
+            if self.config.ip_concurrency:  # as _normalized_scopes does for the downloader
+                self._add_ip_scope(request, known)
+            return known
         if request in self._scopes_wait:
             return {}
         try:

@@ -592,3 +592,10 @@ def test_an_entry_keyed_host_and_port_is_pointed_out(caplog):
             }
         )
     assert "Did you mean" not in caplog.text
+
+
+def test_schedulers_see_the_address_scope_of_a_request_with_meta_scopes():
+    """known_scopes (what schedulers ask) adds the per-IP scope as the downloader does."""
+    downloader, _ = make_downloader({"CONCURRENT_REQUESTS_PER_IP": 1})
+    request = Request("http://127.0.0.1/", meta={"throttling_scopes": "api"})
+    assert downloader.known_scopes(request) == {"api": None, "127.0.0.1": None}
