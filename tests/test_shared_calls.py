@@ -6,7 +6,9 @@ Time is on Clocks (see ``test_shared_throttle``); the store is the twin.
 from __future__ import annotations
 
 import asyncio
+import re
 
+import pytest
 import pytest_twisted
 from scrapy import Request
 from twisted.internet.defer import Deferred, fail
@@ -149,6 +151,31 @@ def test_the_redis_url_switches_slotkit_downloader_to_the_shared_one():
     alias = SharedDownloader(get_crawler(settings_dict={"THROTTLING_REDIS_URL": "local"}))
     assert alias.shared is not None
     alias.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"THROTTLING_REDIS_URL": "http://127.0.0.1/"}, "must be a redis://, rediss://"),
+        (
+            {"THROTTLING_REDIS_URL": "redis://127.0.0.1:notaport/0"},
+            "THROTTLING_REDIS_URL 'redis://127.0.0.1:notaport/0' cannot be used: Port",
+        ),
+        (
+            {"THROTTLING_REDIS_URL": "local", "THROTTLING_REDIS_TIMEOUT": "abc"},
+            "THROTTLING_REDIS_TIMEOUT must be a number of seconds > 0 (got 'abc')",
+        ),
+        ({"THROTTLING_REDIS_URL": "local", "THROTTLING_REDIS_TIMEOUT": 0}, "must be > 0"),
+    ],
+)
+def test_bad_shared_settings_fail_at_start_naming_the_setting(settings, message):
+    from scrapy.utils.test import get_crawler
+
+    from slotkit import Downloader
+    from slotkit.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        Downloader(get_crawler(settings_dict=settings))
 
 
 @pytest_twisted.ensureDeferred

@@ -84,12 +84,16 @@ def make_backend(url: str, timeout: float, clock: IReactorTime) -> Backend:
             f"(got {url!r})"
         )
     try:
-        import redis  # noqa: F401
+        from redis.connection import parse_url
     except ImportError:
         raise SettingsError(
             "THROTTLING_REDIS_URL is set but redis-py is not installed; "
             "install it with: pip install 'slotkit[redis]'"
         ) from None
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise SettingsError(f"THROTTLING_REDIS_URL {url!r} cannot be used: {exc}") from None
     if not is_reactor_installed() or is_asyncio_reactor_installed():
         return AsyncioRedisBackend(url, timeout, clock)
     return ThreadedRedisBackend(url, timeout, clock)
@@ -110,7 +114,13 @@ class SharedDownloader(Downloader):
         super().__init__(crawler, clock)
         if backend is None and not url:
             return
-        timeout = settings.getfloat("THROTTLING_REDIS_TIMEOUT", 0.25)
+        try:
+            timeout = settings.getfloat("THROTTLING_REDIS_TIMEOUT", 0.25)
+        except ValueError:
+            raise SettingsError(
+                "THROTTLING_REDIS_TIMEOUT must be a number of seconds > 0 "
+                f"(got {settings.get('THROTTLING_REDIS_TIMEOUT')!r})"
+            ) from None
         if timeout <= 0:
             raise SettingsError(f"THROTTLING_REDIS_TIMEOUT must be > 0 (got {timeout!r})")
         if backend is None:
