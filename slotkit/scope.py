@@ -312,6 +312,12 @@ class ThrottlingScopeManager:
         state: dict[str, float] = {}
         if self.hold_until > now:
             state["hold_until"] = self.hold_until
+        # A gap still running after the last dispatch (a delay, a Crawl-delay)
+        # must run on in the resumed crawl: its start is kept, so the resumed
+        # crawl's own delay for the scope (the user may have changed it) ends it.
+        last_sent = self.last_sent
+        if last_sent is not None and last_sent + self.current_delay * self._factor > now:
+            state["last_sent"] = last_sent
         if self.backoff_delay is not None:
             state["backoff_delay"] = self.backoff_delay
             state["recovers_at"] = self.recovers_at
@@ -320,6 +326,8 @@ class ThrottlingScopeManager:
     def import_state(self, state: dict[str, float], now: float) -> None:
         """Take over a state saved by :meth:`export_state`."""
         self.hold_until = max(self.hold_until, state.get("hold_until", -math.inf))
+        if "last_sent" in state and (self.last_sent is None or state["last_sent"] > self.last_sent):
+            self.last_sent = state["last_sent"]
         if "backoff_delay" in state:
             self.backoff_delay = state["backoff_delay"]
             self.recovers_at = state.get("recovers_at", now + self.backoff.window)

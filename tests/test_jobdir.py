@@ -35,6 +35,23 @@ def test_scope_state_round_trip(tmp_path: Path) -> None:
     assert delays == {"a": 2.0}
 
 
+def test_a_running_delay_is_saved_as_a_deadline() -> None:
+    """Paused 0.5 s into a 2 s gap, the resumed crawl still waits the other 1.5 s."""
+    scope = ThrottlingScopeManager(concurrency=1, delay=2.0)
+    scope.record_sent(100.0)
+    scope.record_done(100.0)
+    state = scope.export_state(100.5)
+    assert state == {"last_sent": 100.0}
+    fresh = ThrottlingScopeManager(concurrency=1, delay=2.0)
+    fresh.import_state(state, now=100.6)
+    assert fresh.can_send(100.6) == pytest.approx(1.4)
+    # Resumed with a shorter delay (the user changed it), the new one applies.
+    faster = ThrottlingScopeManager(concurrency=1, delay=0.05)
+    faster.import_state(state, now=100.6)
+    assert faster.can_send(100.6) == 0.0
+    assert scope.export_state(102.0) is None  # the gap is over: nothing to keep
+
+
 def test_unreadable_state_file_is_ignored(tmp_path: Path) -> None:
     """A damaged state file means a fresh start, not a crash."""
     (tmp_path / "slotkit-scopes.json").write_text("{not json")
