@@ -20,7 +20,13 @@ from slotkit.validation import Jitter, SettingsError, _describe, _number, parse_
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["BACKOFF_KEYS", "BackoffConfig", "read_backoff", "scope_backoff"]
+__all__ = [
+    "BACKOFF_KEYS",
+    "BackoffConfig",
+    "backoff_from_dict",
+    "read_backoff",
+    "scope_backoff",
+]
 
 DEFAULT_HTTP_CODES = (429, 502, 503, 504, 520, 521, 522, 523, 524)
 DEFAULT_EXCEPTIONS = (
@@ -179,3 +185,14 @@ def capped(delay: float, config: BackoffConfig) -> tuple[float, bool]:
     if math.isfinite(delay) and delay <= config.max_delay:
         return delay, False
     return config.max_delay, True
+
+
+def backoff_from_dict(raw: Any) -> BackoffConfig | None:
+    """Rebuild a :class:`BackoffConfig` from a scope config dict (``None``: the defaults)."""
+    if not raw:
+        return None
+    overrides = {key: value for key, value in raw.items() if key != "window"}
+    config = scope_backoff(BackoffConfig(), "backoff", overrides)
+    if "window" in raw:
+        config = replace(config, window=float(raw["window"]))
+    return config

@@ -20,8 +20,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["NEGLIGIBLE_DELAY", "Rampup", "RampupConfig", "RampupStep", "lowered_delay"]
+__all__ = [
+    "NEGLIGIBLE_DELAY",
+    "Rampup",
+    "RampupConfig",
+    "RampupStep",
+    "lowered_delay",
+    "rampup_from_dict",
+]
 
 #: A delay this close to the minimum counts as there. Halving never reaches a
 #: minimum of 0, so without this a scope that started with a delay would
@@ -112,3 +120,16 @@ class Rampup:
                 idle = math.floor((now - self.window_end) / config.window) + 1
                 self.window_end += idle * config.window
         return RampupStep(delay, concurrency, changed)
+
+
+def rampup_from_dict(raw: Any) -> RampupConfig | None:
+    """Rebuild a :class:`RampupConfig` from the dict a scope config carries (``None``: off)."""
+    if not raw:
+        return None
+    target = raw.get("backoff_target", (1, 1))
+    return RampupConfig(
+        target=(int(target[0]), int(target[1])),
+        delay_factor=float(raw.get("delay_factor", 0.5)),
+        min_delay=float(raw.get("min_delay", 0.0)),
+        window=float(raw.get("window", 60.0)),
+    )

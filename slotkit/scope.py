@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from zope.interface import implementer
 
-from slotkit.backoff import BackoffConfig
+from slotkit.backoff import BackoffConfig, backoff_from_dict
 from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor, next_backoff, recover
 from slotkit.quota import Quota
-from slotkit.rampup import Rampup, RampupConfig
+from slotkit.rampup import Rampup, RampupConfig, rampup_from_dict
 from slotkit.validation import NO_JITTER, Jitter, parse_jitter
 
 if TYPE_CHECKING:
@@ -138,10 +138,10 @@ class ThrottlingScopeManager:
             delay=float(config.get("delay", 0.0)),
             jitter=parse_jitter("jitter", config.get("jitter", 0.0)),
             min_concurrency=int(config.get("min_concurrency", 1)),
-            backoff=_backoff_from_dict(config.get("backoff")),
+            backoff=backoff_from_dict(config.get("backoff")),
             quota=config.get("quota"),
             window=float(config.get("window", 60.0)),
-            rampup=_rampup_from_dict(config.get("rampup")),
+            rampup=rampup_from_dict(config.get("rampup")),
         )
 
     # IThrottlingScopeManager
@@ -170,13 +170,7 @@ class ThrottlingScopeManager:
         if self.last_sent is None:
             self._opening = True
         self.last_sent = now
-        # _draw_factor() inlined: this runs once per request.
-        low, high = self.backoff.jitter if self.backoff_delay is not None else self.jitter
-        if low == high == 0.0:
-            self._factor = 1.0
-        else:
-            factor = 1.0 + self._rng.uniform(low, high)
-            self._factor = factor if factor > 0.0 else 0.0
+        self._factor = self._draw_factor()
         if self.quota is not None:
             self.quota.start(now, 1.0 if amount is None else amount)
         if self.rampup is not None:
@@ -401,31 +395,3 @@ class ThrottlingScopeManager:
             f"<{type(self).__name__} active={self.active}/{self.concurrency} "
             f"delay={self.delay:.2f}s{backoff}{hold}>"
         )
-
-
-def _rampup_from_dict(raw: Any) -> RampupConfig | None:
-    """Rebuild a :class:`RampupConfig` from the dict a scope config carries."""
-    if not raw:
-        return None
-    target = raw.get("backoff_target", (1, 1))
-    return RampupConfig(
-        target=(int(target[0]), int(target[1])),
-        delay_factor=float(raw.get("delay_factor", 0.5)),
-        min_delay=float(raw.get("min_delay", 0.0)),
-        window=float(raw.get("window", 60.0)),
-    )
-
-
-def _backoff_from_dict(raw: Any) -> BackoffConfig | None:
-    """Rebuild a :class:`BackoffConfig` from the dict a scope config carries."""
-    if not raw:
-        return None
-    from slotkit.backoff import scope_backoff
-
-    overrides = {key: value for key, value in raw.items() if key != "window"}
-    config = scope_backoff(BackoffConfig(), "backoff", overrides)
-    if "window" in raw:
-        from dataclasses import replace
-
-        config = replace(config, window=float(raw["window"]))
-    return config

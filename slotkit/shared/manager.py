@@ -19,14 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from zope.interface import implementer
 
+from slotkit.backoff import backoff_from_dict
 from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor
-from slotkit.scope import (
-    SHARED_RNG,
-    ThrottlingScopeManager,
-    _backoff_from_dict,
-    _rampup_from_dict,
-)
+from slotkit.rampup import rampup_from_dict
+from slotkit.scope import SHARED_RNG, ThrottlingScopeManager
 from slotkit.shared.twin import fmt
 from slotkit.validation import NO_JITTER, parse_jitter
 
@@ -58,10 +55,10 @@ class SharedScopeManager:
         quota = config.get("quota")
         self.quota: float | None = None if quota is None else float(quota)
         self.window = float(config.get("window", 60.0))
-        backoff = _backoff_from_dict(config.get("backoff"))
+        backoff = backoff_from_dict(config.get("backoff"))
         self.backoff = backoff if backoff is not None else ThrottlingScopeManager(1).backoff
         #: Rampup, shared: the store keeps its delay and concurrency for every worker.
-        self.rampup = _rampup_from_dict(config.get("rampup"))
+        self.rampup = rampup_from_dict(config.get("rampup"))
         self.min_concurrency = min(self.concurrency, max(1, int(config.get("min_concurrency", 1))))
         #: robots.txt Crawl-delay this worker knows for the scope (0: none).
         self.crawl_delay = 0.0
