@@ -21,7 +21,7 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler
-from twisted.internet.defer import CancelledError, Deferred, fail
+from twisted.internet.defer import CancelledError, Deferred
 
 from slotkit.awaitables import needs_await, resolved
 from slotkit.clock import default_clock
@@ -172,19 +172,8 @@ class Downloader(ScopeControl, SpiderClosing):
 
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Response | Request]:
         """Download *request* through the middlewares and the gate; fires exactly once."""
-        if REQUEUED in request.meta:
-            if self._requeue_at_close:
-                # The copy handed back at close came straight back: it was an
-                # engine.download() request, whose caller follows a Request
-                # result itself instead of scheduling it. Fetched again it
-                # would be handed back again, forever.
-                return fail(
-                    GateClosedError(
-                        f"the spider closed ({self._closing_reason}) while {request} "
-                        "waited for its throttling scopes; it was not sent"
-                    )
-                )
-            restore_filtering(request)
+        if REQUEUED in request.meta and not self._requeue_at_close:
+            restore_filtering(request)  # back from a paused job's queue
         self.active.add(request)
         dfd: Deferred[Response | Request] = deferred_from_coro(
             # Scrapy types the download function as returning a Response; a
@@ -276,7 +265,10 @@ class Downloader(ScopeControl, SpiderClosing):
                 try:
                     ticket = await self._acquire(request, scopes, amounts, delay)
                 except GateClosedError:
-                    if not self._requeue_at_close:
+                    # A copy handed back at close that came straight back was an
+                    # engine.download() request (its caller follows a Request
+                    # result itself): handed back again it would loop forever.
+                    if not self._requeue_at_close or REQUEUED in request.meta:
                         raise
                     # A paused JOBDIR crawl: the engine schedules a Request
                     # result again (as it does a redirect), so the resumed
