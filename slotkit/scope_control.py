@@ -123,16 +123,24 @@ class ScopeControl:
         one that awaits nothing pending (see
         :func:`~slotkit.awaitables.run_without_suspending`). Never raises.
         """
-        if self._default_get_scopes:
-            raw = self.manager._default_scopes(request)
-            known: dict[str, float | None] = (
-                {raw: None} if type(raw) is str else normalize_scopes(raw)
-            )
-            if self.config.ip_concurrency:  # as _normalized_scopes does for the downloader
-                self._add_ip_scope(request, known)
-            return known
-        if request in self._scopes_wait:
+        raw = (
+            self.manager._default_scopes(request)
+            if self._default_get_scopes
+            else self._answer_without_waiting(request)
+        )
+        scopes: dict[str, float | None]
+        try:
+            scopes = {raw: None} if type(raw) is str else normalize_scopes(raw)
+        except TypeError:
             return {}
+        if scopes and self.config.ip_concurrency:  # as _normalized_scopes does
+            self._add_ip_scope(request, scopes)
+        return scopes
+
+    def _answer_without_waiting(self, request: Request) -> Any:
+        """What ``get_scopes(request)`` answers at once, or ``None`` if it must wait or fails."""
+        if request in self._scopes_wait:
+            return None
         try:
             raw = self._get_scopes(request)
             if inspect.iscoroutine(raw):
@@ -141,21 +149,15 @@ class ScopeControl:
             # Asked again it would start the same wait again (a DNS lookup in a
             # thread, say), once per scheduler query: remember the answer.
             self._scopes_wait.add(request)
-            return {}
+            return None
         except Exception:
-            return {}
+            return None
         if isinstance(raw, Deferred) or (
             inspect.isawaitable(raw) and not isinstance(raw, (str, list, dict))
         ):
             self._scopes_wait.add(request)
-            return {}
-        try:
-            scopes = normalize_scopes(raw)
-        except TypeError:
-            return {}
-        if scopes and self.config.ip_concurrency:
-            self._add_ip_scope(request, scopes)
-        return scopes
+            return None
+        return raw
 
     def scope_config(self, scope_id: str, kind: str | None = None) -> ScopeConfig:
         """The resolved configuration a new scope *scope_id* gets now.
