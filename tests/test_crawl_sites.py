@@ -69,19 +69,29 @@ async def test_crawl_delay_is_capped(mock_site: MockSite) -> None:
     assert "THROTTLING_ROBOTSTXT_MAX_DELAY" in result.log_text
 
 
+@pytest.mark.parametrize("setting", ["THROTTLING_SCOPES", "DOWNLOAD_SLOTS"])
 @pytest_twisted.ensureDeferred
-async def test_faster_configuration_wins_with_one_warning(mock_site: MockSite) -> None:
-    """THROTTLING_SCOPES faster than Crawl-delay is respected and warned about once."""
+async def test_faster_configuration_wins_with_one_warning(
+    mock_site: MockSite, setting: str
+) -> None:
+    """A scope faster than Crawl-delay is respected and warned about once.
+
+    For a DOWNLOAD_SLOTS entry the warning names DOWNLOAD_SLOTS instead of
+    advising a key DOWNLOAD_SLOTS refuses.
+    """
     mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 5\n")
     settings = {
         **SLOTKIT,
         "ROBOTSTXT_OBEY": True,
-        "THROTTLING_SCOPES": {HOST: {"delay": 0.0, "concurrency": 4}},
+        setting: {HOST: {"delay": 0.0, "concurrency": 4}},
     }
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4))
     assert len(result.responses) == 4
     assert result.log_text.count("more aggressive than its robots.txt") == 1
     assert "delay 0s (Crawl-delay 5s)" in result.log_text
+    if setting == "DOWNLOAD_SLOTS":
+        assert "configured in DOWNLOAD_SLOTS;" in result.log_text
+        assert "THROTTLING_SCOPES[" not in result.log_text
 
 
 @pytest_twisted.ensureDeferred
@@ -243,22 +253,3 @@ def test_crawl_delay_warning_names_the_setting_and_how_to_silence_it() -> None:
         )
     ).scope_config(HOST, "domain")
     assert apply_crawl_delay(config, 5.0)[1] is None
-
-
-@pytest_twisted.ensureDeferred
-async def test_download_slots_faster_than_crawl_delay_warns_about_download_slots(
-    mock_site: MockSite,
-) -> None:
-    """A DOWNLOAD_SLOTS entry faster than Crawl-delay is kept, with one warning that names
-    DOWNLOAD_SLOTS instead of advising a key DOWNLOAD_SLOTS refuses."""
-    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 5\n")
-    settings = {
-        **SLOTKIT,
-        "ROBOTSTXT_OBEY": True,
-        "DOWNLOAD_SLOTS": {HOST: {"delay": 0.0, "concurrency": 4}},
-    }
-    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4))
-    assert len(result.responses) == 4
-    assert result.log_text.count("more aggressive than its robots.txt") == 1
-    assert "configured in DOWNLOAD_SLOTS;" in result.log_text
-    assert "THROTTLING_SCOPES[" not in result.log_text
