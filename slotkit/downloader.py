@@ -45,6 +45,7 @@ from slotkit.scope_control import ScopeControl
 from slotkit.scope_entries import port_key_warnings
 from slotkit.scope_managers import check_scope_manager_class
 from slotkit.settings import DOMAIN, ThrottlingSettings
+from slotkit.signaling import send_if_heard
 from slotkit.slots import SlotsView, SlotView, view_of
 from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
@@ -255,8 +256,11 @@ class Downloader(ScopeControl, SpiderClosing):
         if scopes and meta.get(DOWNLOAD_SLOT, meta.get(AUTO_SLOT)) == meta.get(AUTO_SLOT):
             meta[DOWNLOAD_SLOT] = meta[AUTO_SLOT] = scopes[0].id
         self._scope_ids[request] = scopes_amounts
-        self.signals.send_catch_log(
-            signal=signals.request_reached_downloader, request=request, spider=self.crawler.spider
+        send_if_heard(
+            self.signals,
+            signals.request_reached_downloader,
+            request=request,
+            spider=self.crawler.spider,
         )
         started = self._clock.seconds()
         delay = _request_delay(request)
@@ -283,8 +287,11 @@ class Downloader(ScopeControl, SpiderClosing):
                 if not self.resender.should_resend(request, response, scopes, started):
                     return response
         finally:
-            self.signals.send_catch_log(
-                signal=signals.request_left_downloader, request=request, spider=self.crawler.spider
+            send_if_heard(
+                self.signals,
+                signals.request_left_downloader,
+                request=request,
+                spider=self.crawler.spider,
             )
 
     async def _acquire(
@@ -325,8 +332,9 @@ class Downloader(ScopeControl, SpiderClosing):
                 # The engine sets this later anyway; managers judging the
                 # response (get_response_backoff) need it now.
                 response.request = request
-            self.signals.send_catch_log(
-                signal=signals.response_downloaded,
+            send_if_heard(
+                self.signals,
+                signals.response_downloaded,
                 response=response,
                 request=request,
                 spider=self.crawler.spider,

@@ -1,0 +1,38 @@
+"""Sending the downloader's per-request signals only when someone listens.
+
+Scrapy's ``send_catch_log`` walks pydispatch's receiver tables through a
+generator, wraps every receiver call and builds a result list, whether or
+not a receiver exists. The stock downloader pays that three times per
+request; in a default crawl nobody is connected to those three signals, and
+the walk costs about as much as the rest of slotkit's per-request work.
+Looking the four receiver lists up first (the same lookups
+``getAllReceivers`` makes) skips a send that would reach no one; any
+receiver, even a dead weak reference, sends the signal as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydispatch.dispatcher import Any as AnySender
+from pydispatch.dispatcher import getReceivers
+
+if TYPE_CHECKING:
+    from scrapy.signalmanager import SignalManager
+
+
+def has_receivers(signals: SignalManager, signal: object) -> bool:
+    """True if any receiver is connected to *signal* from the crawler (or from anyone)."""
+    sender = signals.sender
+    return bool(
+        getReceivers(sender, signal)
+        or getReceivers(AnySender, signal)
+        or getReceivers(sender, AnySender)
+        or getReceivers(AnySender, AnySender)
+    )
+
+
+def send_if_heard(signals: SignalManager, signal: object, **kwargs: Any) -> None:
+    """``signals.send_catch_log(signal, **kwargs)`` unless nobody would hear it."""
+    if has_receivers(signals, signal):
+        signals.send_catch_log(signal, **kwargs)
