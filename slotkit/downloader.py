@@ -132,7 +132,7 @@ class Downloader(ScopeControl, SpiderClosing):
             self.stats,
             enabled=self.config.resend,
             timeout=self.config.resend_timeout,
-            retry_enabled=self.settings.getbool("RETRY_ENABLED", True),
+            middlewares=self.middleware.middlewares,
         )
         #: Each request's scopes on its last trip, id -> the amount it named (or None).
         self._scope_ids: WeakKeyDictionary[Request, dict[str, float | None]] = WeakKeyDictionary()

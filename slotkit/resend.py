@@ -10,22 +10,36 @@ middlewares and costs no retry.
 
 Limits, so that a site that never recovers cannot keep a crawl alive:
 
-* ``BACKOFF_RESEND = False`` turns it off; ``RETRY_ENABLED = False`` or the
-  ``dont_retry`` meta also hand the response on at once (the scope still
-  backs off).
+* A response is re-sent only where Scrapy's ``RetryMiddleware`` (or a
+  subclass) would have retried it: the middleware is enabled, the status is
+  in its ``RETRY_HTTP_CODES``, the request has no ``dont_retry`` meta and
+  its ``retry_times`` is still below ``max_retry_times`` (meta) or
+  ``RETRY_TIMES``. So every way a project switches retrying off for a
+  response switches re-sending off too; ``BACKOFF_RESEND = False`` turns it
+  off alone. The scope backs off either way.
 * A request stops being re-sent once ``BACKOFF_RESEND_TIMEOUT`` seconds have
   passed since it first reached the downloader; the last response then goes
   on as usual, logged and counted (``throttling/backoff/stalled``).
 * A scope where a request stalled is marked stalled: its next signals are
   handed on at once, until one of its responses is not a signal.
+
+The attempt that was answered still went over the wire, so it is counted
+in Scrapy's ``downloader/request_count``, ``downloader/response_status_count/...``
+and byte stats (through ``DownloaderStats`` itself, when enabled), though
+no retry is counted.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from scrapy.downloadermiddlewares.retry import RetryMiddleware
+from scrapy.downloadermiddlewares.stats import DownloaderStats
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from scrapy import Request
     from scrapy.http import Response
     from twisted.internet.interfaces import IReactorTime
@@ -48,18 +62,26 @@ class Resender:
         *,
         enabled: bool,
         timeout: float,
-        retry_enabled: bool,
+        middlewares: Iterable[Any] = (),
     ) -> None:
         self._clock = clock
         self._stats = stats
-        self.enabled = enabled and retry_enabled
         self.timeout = timeout
+        middlewares = list(middlewares)
+        #: The crawl's RetryMiddleware (None: retrying is off, so is re-sending).
+        self._retry: RetryMiddleware | None = next(
+            (mw for mw in middlewares if isinstance(mw, RetryMiddleware)), None
+        )
+        self._downloader_stats: DownloaderStats | None = next(
+            (mw for mw in middlewares if isinstance(mw, DownloaderStats)), None
+        )
+        self.enabled = enabled and self._retry is not None
 
     def should_resend(
         self, request: Request, response: Response, scopes: list[Scope], started: float
     ) -> bool:
         """True to send *request* again; False to hand *response* on."""
-        if not self.enabled or request.meta.get("dont_retry"):
+        if not self.enabled or not self._retry_would_take(request, response):
             return False
         if any(scope.stalled for scope in scopes):
             self._stats.inc("backoff/handed_on_stalled")
@@ -81,7 +103,36 @@ class Resender:
             )
             return False
         self._stats.inc("backoff/resent")
+        self._count_attempt(request, response)
+        logger.debug(
+            "slotkit: %s answered %d (rate limited); sending it again once %s allow "
+            "(BACKOFF_RESEND; not counted as a retry)",
+            request,
+            response.status,
+            [scope.id for scope in scopes],
+        )
         return True
+
+    def _retry_would_take(self, request: Request, response: Response) -> bool:
+        """Whether RetryMiddleware would retry *response* now (its own rules)."""
+        retry = self._retry
+        meta = request.meta
+        if retry is None or meta.get("dont_retry", False):
+            return False
+        if response.status not in getattr(retry, "retry_http_codes", ()):
+            return False
+        max_times = meta.get("max_retry_times")
+        if max_times is None:
+            max_times = getattr(retry, "max_retry_times", 0)
+        return bool(meta.get("retry_times", 0) + 1 <= max_times)
+
+    def _count_attempt(self, request: Request, response: Response) -> None:
+        """Count the answered attempt in Scrapy's own downloader stats."""
+        counter = self._downloader_stats
+        if counter is None:
+            return
+        counter.process_response(request, response)
+        counter.process_request(request)  # the attempt about to be sent
 
     @staticmethod
     def recovered(scopes: list[Scope]) -> None:

@@ -20,6 +20,7 @@ from slotkit.validation import (
     _describe,
     _integer,
     _number,
+    command_line_pair,
     parse_jitter,
     unknown_key,
 )
@@ -147,6 +148,7 @@ def validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str
 
 def parse_target(where: str, value: object) -> tuple[int, int]:
     """A rampup backoff target: an int, or a ``[low, high]`` range."""
+    value = command_line_pair(value)
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
             raise SettingsError(

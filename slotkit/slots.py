@@ -144,6 +144,10 @@ class SlotsView(Mapping[str, SlotView]):
     def __len__(self) -> int:
         return len(self._scopes)
 
+    def __repr__(self) -> str:
+        # Printed like the stock downloader's dict of slots (telnet, shell).
+        return repr(dict(self.items()))
+
 
 def view_of(scope: Scope, gate: Gate) -> SlotView:
     """The (cached) :class:`SlotView` of *scope*."""

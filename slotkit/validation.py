@@ -71,6 +71,7 @@ def parse_jitter(where: str, value: object) -> Jitter:
     """
     if isinstance(value, bool):
         return (-0.5, 0.5) if value else NO_JITTER
+    value = command_line_pair(value)
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
             raise SettingsError(
@@ -83,6 +84,22 @@ def parse_jitter(where: str, value: object) -> Jitter:
         return (low, _at_most(f"{where}[1]", high))
     magnitude = _at_most(where, _number(where, value))
     return (-magnitude, magnitude)
+
+
+def command_line_pair(value: object) -> object:
+    """A ``[low, high]`` pair written as ``-s NAME=[1,3]`` or ``-s NAME=1,3``.
+
+    Scrapy's command line hands every value over as a string; a string that
+    is not a pair comes back unchanged for the caller's own checks.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    elif "," not in text:
+        return value
+    return [part.strip() for part in text.split(",")]
 
 
 #: The largest jitter accepted (a delay times 1 + 100): beyond it the factor is

@@ -22,6 +22,7 @@ SLOTKIT: dict[str, Any] = {
     "BACKOFF_JITTER": 0,
 }
 HOST, OTHER = "127.0.0.1", "127.0.0.2"
+RETRY_MIDDLEWARE = "scrapy.downloadermiddlewares.retry.RetryMiddleware"
 SLACK = 0.02  # server-side arrival times carry a few ms of connection jitter
 
 
@@ -166,6 +167,50 @@ async def test_dont_retry_hands_the_429_on(mock_site: MockSite) -> None:
     assert [r.status for r in result.responses] == [429]
     assert result.stats["throttling/backoff/steps"] == 1
     assert mock_site.recorder.count(HOST) == 1
+
+
+@pytest.mark.parametrize(
+    ("meta", "settings"),
+    [
+        pytest.param({"max_retry_times": 0}, {}, id="meta-max_retry_times-0"),
+        pytest.param({"retry_times": 2}, {}, id="retries-already-spent"),
+        pytest.param({}, {"RETRY_TIMES": 0}, id="RETRY_TIMES-0"),
+        pytest.param({}, {"RETRY_HTTP_CODES": [500, 502, 503]}, id="429-not-retried"),
+        pytest.param({}, {"RETRY_ENABLED": False}, id="RETRY_ENABLED-False"),
+        pytest.param(
+            {},
+            {"DOWNLOADER_MIDDLEWARES": {RETRY_MIDDLEWARE: None}},
+            id="RetryMiddleware-off",
+        ),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_no_resend_where_retry_middleware_would_not_retry(
+    mock_site: MockSite, meta: dict[str, Any], settings: dict[str, Any]
+) -> None:
+    """Every way of switching retrying off for a 429 hands it on at once."""
+    mock_site.set_behaviour(HOST, always(429, {"Retry-After": "1"}))
+    urls = [{"url": mock_site.url(HOST, "/page/0"), "meta": meta}]
+    result = await run_crawl(ListSpider, {**SLOTKIT, **settings}, urls=urls)
+    assert mock_site.recorder.count(HOST) == 1
+    assert "throttling/backoff/resent" not in result.stats
+    assert result.stats["throttling/backoff/triggers/429"] == 1  # the scope still backs off
+
+
+@pytest_twisted.ensureDeferred
+async def test_resent_attempts_are_in_scrapys_downloader_stats(mock_site: MockSite) -> None:
+    """The answered attempt went over the wire: stock stats count it, no retry is counted."""
+    mock_site.set_behaviour(HOST, fail_first(2, 429))
+    settings = {**SLOTKIT, "BACKOFF_MIN_DELAY": 0.05}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    assert [r.status for r in result.responses] == [200]
+    assert mock_site.recorder.count(HOST) == 3
+    assert result.stats["throttling/backoff/resent"] == 2
+    assert result.stats["downloader/request_count"] == 3
+    assert result.stats["downloader/response_count"] == 3
+    assert result.stats["downloader/response_status_count/429"] == 2
+    assert result.stats["downloader/response_status_count/200"] == 1
+    assert "retry/count" not in result.stats
 
 
 @pytest_twisted.ensureDeferred

@@ -573,3 +573,18 @@ def test_per_ip_limit_is_read_without_scrapys_deprecation_warning():
         assert ThrottlingSettings.from_settings(settings).ip_concurrency == 2
         assert per_ip_limit(settings) == 2
         assert per_ip_limit(Settings()) == 0
+
+
+@pytest.mark.parametrize("text", ["[1,3]", "1,3", " [1, 3] "])
+def test_pairs_given_on_the_command_line(text: str):
+    """`scrapy crawl -s RAMPUP_BACKOFF_TARGET=[1,3]` hands the pair over as a string."""
+    assert read({"RAMPUP_BACKOFF_TARGET": text}).rampup_target == (1, 3)
+    jitter = text.replace("1", "0.1").replace("3", "0.3")
+    assert read({"BACKOFF_JITTER": jitter}).backoff.jitter == (0.1, 0.3)
+    assert read({"DOWNLOAD_DELAY_JITTER": jitter}).jitter == (0.1, 0.3)
+
+
+@pytest.mark.parametrize("text", ["1,x", "[1,2,3]", "[]"])
+def test_bad_command_line_pairs_name_the_setting(text: str):
+    with pytest.raises(SettingsError, match="RAMPUP_BACKOFF_TARGET"):
+        read({"RAMPUP_BACKOFF_TARGET": text})

@@ -237,6 +237,14 @@ def test_slots_mapping_behaviour():
     }
 
 
+def test_slots_print_like_the_stock_dict_of_slots():
+    """repr(downloader.slots) (telnet, shell) lists the scopes, as the stock dict does."""
+    slots, registry, _ = make_slots()
+    assert repr(slots) == "{}"
+    scope = registry.get("a.example")
+    assert repr(slots) == f"{{'a.example': {scope!r}}}"
+
+
 def test_slots_item_reads_the_live_scope():
     """slots[key] is a view of the scope: its active set and delay writes go to the scope."""
     slots, registry, gate = make_slots()
