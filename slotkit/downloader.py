@@ -133,6 +133,7 @@ class Downloader(ScopeControl, SpiderClosing):
             enabled=self.config.resend,
             timeout=self.config.resend_timeout,
             middlewares=self.middleware.middlewares,
+            retry_enabled=self.settings.getbool("RETRY_ENABLED", True),
         )
         #: Each request's scopes on its last trip, id -> the amount it named (or None).
         self._scope_ids: WeakKeyDictionary[Request, dict[str, float | None]] = WeakKeyDictionary()

@@ -125,7 +125,8 @@ class Feedback:
         """Whether *response* asks the client to slow down and come back.
 
         A 429, or an error response that carried a wait hint. Such responses
-        are what slotkit re-sends instead of handing on (see :mod:`slotkit.resend`).
+        are what slotkit may re-send instead of handing on (where
+        RetryMiddleware would retry them, see :mod:`slotkit.resend`).
         Only when the outcome made some scope wait, though: a 429 that
         triggers nothing (``throttling_dont_track``, a cached response, 429
         left out of ``BACKOFF_HTTP_CODES``) would be re-sent at once, over

@@ -5,8 +5,9 @@ RetryMiddleware, and every 429 it retries counts against ``RETRY_TIMES``
 although the server only said "later". slotkit treats a rate-limit signal
 (a 429, or an error response carrying a wait hint) as exactly that: the
 scope backs off, and the same request goes back through the gate, so it is
-sent again once the backoff allows. The response never reaches the
-middlewares and costs no retry.
+sent again once the backoff allows. The response is not handed to the
+middlewares (only ``DownloaderStats`` counts it, see below) and costs no
+retry.
 
 Limits, so that a site that never recovers cannot keep a crawl alive:
 
@@ -63,6 +64,7 @@ class Resender:
         enabled: bool,
         timeout: float,
         middlewares: Iterable[Any] = (),
+        retry_enabled: bool = True,
     ) -> None:
         self._clock = clock
         self._stats = stats
@@ -76,6 +78,14 @@ class Resender:
             (mw for mw in middlewares if isinstance(mw, DownloaderStats)), None
         )
         self.enabled = enabled and self._retry is not None
+        if enabled and retry_enabled and self._retry is None:
+            # A project that replaced RetryMiddleware by a class of its own:
+            # slotkit cannot know its rules, so it leaves every response to it.
+            logger.info(
+                "slotkit: no RetryMiddleware (or subclass) among the downloader "
+                "middlewares, so rate-limited responses are handed on, not re-sent "
+                "(BACKOFF_RESEND)"
+            )
 
     def should_resend(
         self, request: Request, response: Response, scopes: list[Scope], started: float

@@ -148,14 +148,14 @@ def validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str
 
 def parse_target(where: str, value: object) -> tuple[int, int]:
     """A rampup backoff target: an int, or a ``[low, high]`` range."""
-    value = command_line_pair(value)
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
+    pair = command_line_pair(value, bare=True)
+    if isinstance(pair, (list, tuple)):
+        if len(pair) != 2:
             raise SettingsError(
                 f"{where} must be an integer or a [low, high] pair (got {_describe(value)})"
             )
-        low = _integer(f"{where}[0]", value[0], minimum=0)
-        high = _integer(f"{where}[1]", value[1], minimum=low)
+        low = _integer(f"{where}[0]", pair[0], minimum=0)
+        high = _integer(f"{where}[1]", pair[1], minimum=low)
         return (low, high)
     target = _integer(where, value, minimum=0)
     return (target, target)

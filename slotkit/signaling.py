@@ -7,18 +7,20 @@ request; in a default crawl nobody is connected to those three signals, and
 the walk costs about as much as the rest of slotkit's per-request work.
 Looking the four receiver lists up first (the same lookups
 ``getAllReceivers`` makes) skips a send that would reach no one; any
-receiver, even a dead weak reference, sends the signal as before.
+receiver, even a dead weak reference, sends the signal as before. So does
+a signal manager whose ``send_catch_log`` was replaced (a subclass, or a
+test patching it to watch the signals): it may want every send.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydispatch.dispatcher import Any as AnySender
 from pydispatch.dispatcher import getReceivers
+from scrapy.signalmanager import SignalManager
 
-if TYPE_CHECKING:
-    from scrapy.signalmanager import SignalManager
+_STOCK_SEND = SignalManager.send_catch_log
 
 
 def has_receivers(signals: SignalManager, signal: object) -> bool:
@@ -34,5 +36,6 @@ def has_receivers(signals: SignalManager, signal: object) -> bool:
 
 def send_if_heard(signals: SignalManager, signal: object, **kwargs: Any) -> None:
     """``signals.send_catch_log(signal, **kwargs)`` unless nobody would hear it."""
-    if has_receivers(signals, signal):
-        signals.send_catch_log(signal, **kwargs)
+    send = signals.send_catch_log
+    if getattr(send, "__func__", None) is not _STOCK_SEND or has_receivers(signals, signal):
+        send(signal, **kwargs)

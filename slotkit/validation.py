@@ -71,14 +71,14 @@ def parse_jitter(where: str, value: object) -> Jitter:
     """
     if isinstance(value, bool):
         return (-0.5, 0.5) if value else NO_JITTER
-    value = command_line_pair(value)
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
+    pair = command_line_pair(value)
+    if isinstance(pair, (list, tuple)):
+        if len(pair) != 2:
             raise SettingsError(
                 f"{where} must be a number or a [low, high] pair (got {_describe(value)})"
             )
-        low = _number(f"{where}[0]", value[0], minimum=-1.0)
-        high = _number(f"{where}[1]", value[1], minimum=-1.0)
+        low = _number(f"{where}[0]", pair[0], minimum=-1.0)
+        high = _number(f"{where}[1]", pair[1], minimum=-1.0)
         if low > high:
             raise SettingsError(f"{where} must have low <= high (got {value!r})")
         return (low, _at_most(f"{where}[1]", high))
@@ -86,18 +86,21 @@ def parse_jitter(where: str, value: object) -> Jitter:
     return (-magnitude, magnitude)
 
 
-def command_line_pair(value: object) -> object:
-    """A ``[low, high]`` pair written as ``-s NAME=[1,3]`` or ``-s NAME=1,3``.
+def command_line_pair(value: object, *, bare: bool = False) -> object:
+    """A ``[low, high]`` pair written on the command line as ``-s 'NAME=[1,3]'``.
 
-    Scrapy's command line hands every value over as a string; a string that
-    is not a pair comes back unchanged for the caller's own checks.
+    Scrapy's command line hands every value over as a string. With *bare*,
+    ``1,3`` is a pair too (integer settings only: for numbers with a
+    fraction, ``0,5`` may well be a decimal comma, and a silent ``[0, 5]``
+    would be far from what was meant). Any other string comes back
+    unchanged for the caller's own checks.
     """
     if not isinstance(value, str):
         return value
     text = value.strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
-    elif "," not in text:
+    elif not (bare and "," in text):
         return value
     return [part.strip() for part in text.split(",")]
 

@@ -17,6 +17,9 @@ from slotkit.cli import main
 REPO = Path(__file__).resolve().parent.parent
 
 
+RETRY_MIDDLEWARE = "scrapy.downloadermiddlewares.retry.RetryMiddleware"
+
+
 def explain_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     """Run ``explain --json`` in-process; return the parsed explanation."""
     status = main(["explain", "--json", *args])
@@ -144,6 +147,26 @@ def test_concurrent_requests_caps_the_per_domain_default(capsys):
     value, source = limit(data, "example.com", "concurrency")
     assert value == 4
     assert "8 from CONCURRENT_REQUESTS_PER_DOMAIN (Scrapy default)" in source
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        ((), "on where RetryMiddleware retries (RETRY_TIMES 2, 429 retried), for up to 180 s"),
+        (("-s", "RETRY_ENABLED=False"), "off (RETRY_ENABLED is False)"),
+        (
+            (
+                "-s",
+                "DOWNLOADER_MIDDLEWARES=" + json.dumps({RETRY_MIDDLEWARE: None}),
+            ),
+            "off (no RetryMiddleware among DOWNLOADER_MIDDLEWARES)",
+        ),
+        (("-s", "BACKOFF_RESEND=False"), "off"),
+    ],
+)
+def test_explain_says_whether_rate_limited_responses_are_re_sent(capsys, args, shown):
+    data = explain_json(capsys, "https://example.com/", *args)
+    assert data["crawl"]["BACKOFF_RESEND"]["shown"] == shown
 
 
 def test_typo_in_a_scope_key_exits_2_with_the_suggestion(capsys):

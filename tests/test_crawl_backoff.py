@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from scrapy import Spider
+from scrapy.downloadermiddlewares.retry import RetryMiddleware
 
 from slotkit import ThrottlingManager
 from tests.crawl import ListSpider, run_crawl
@@ -195,6 +196,56 @@ async def test_no_resend_where_retry_middleware_would_not_retry(
     assert mock_site.recorder.count(HOST) == 1
     assert "throttling/backoff/resent" not in result.stats
     assert result.stats["throttling/backoff/triggers/429"] == 1  # the scope still backs off
+
+
+class QuieterRetry(RetryMiddleware):
+    """A project's RetryMiddleware subclass: its rules are RetryMiddleware's."""
+
+
+class OwnRetry:
+    """A project's own retry middleware, not a RetryMiddleware: slotkit cannot know its rules."""
+
+
+@pytest.mark.parametrize(
+    ("meta", "settings"),
+    [
+        pytest.param({"max_retry_times": 3}, {"RETRY_TIMES": 0}, id="meta-allows-more"),
+        pytest.param({"retry_times": 1}, {}, id="one-retry-left"),
+        pytest.param(
+            {},
+            {
+                "DOWNLOADER_MIDDLEWARES": {
+                    RETRY_MIDDLEWARE: None,
+                    f"{__name__}.QuieterRetry": 550,
+                }
+            },
+            id="subclass",
+        ),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_resend_where_retry_middleware_would_retry(
+    mock_site: MockSite, meta: dict[str, Any], settings: dict[str, Any]
+) -> None:
+    mock_site.set_behaviour(HOST, fail_first(2, 429))
+    urls = [{"url": mock_site.url(HOST, "/page/0"), "meta": meta}]
+    settings = {**SLOTKIT, "BACKOFF_MIN_DELAY": 0.05, **settings}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert [r.status for r in result.responses] == [200]
+    assert result.stats["throttling/backoff/resent"] == 2
+    assert "retry/count" not in result.stats
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_replaced_retry_middleware_is_said_at_start(mock_site: MockSite) -> None:
+    mock_site.set_behaviour(HOST, fail_first(1, 429))
+    settings = {
+        **SLOTKIT,
+        "DOWNLOADER_MIDDLEWARES": {RETRY_MIDDLEWARE: None, f"{__name__}.OwnRetry": 550},
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    assert "rate-limited responses are handed on, not re-sent" in result.log_text
+    assert [r.status for r in result.responses] == [429]
 
 
 @pytest_twisted.ensureDeferred

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from types import MethodType
 from typing import Any
 
 import pytest
 import pytest_twisted
 from scrapy import Request, Spider, signals
 from scrapy.http import Response
+from scrapy.signalmanager import SignalManager
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.test import get_crawler
 from twisted.internet.defer import CancelledError, Deferred
@@ -456,6 +458,47 @@ async def test_signals_in_stock_order():
         "response_downloaded",
         "request_left_downloader",
     ]
+
+
+DOWNLOADER_SIGNALS = (
+    signals.request_reached_downloader,
+    signals.response_downloaded,
+    signals.request_left_downloader,
+)
+
+
+@pytest_twisted.ensureDeferred
+async def test_unheard_signals_are_not_sent_and_a_patched_sender_gets_them_all():
+    """With no receiver the three sends are skipped; a replaced send_catch_log sees each."""
+    downloader, _ = make_downloader()
+    handler = handler_of(downloader)
+    manager = downloader.crawler.signals
+    sent: list[object] = []
+
+    def counting_send(self: Any, signal: object, **kwargs: Any) -> Any:
+        sent.append(signal)
+        return SignalManager.send_catch_log(self, signal, **kwargs)
+
+    async def fetch_one(name: str) -> None:
+        request = Request(f"https://a.example/{name}")
+        box = outcome(downloader.fetch(request))
+        await settle()
+        handler.finish(request.url)
+        await settle()
+        assert isinstance(box[0], Response)
+
+    with pytest.MonkeyPatch.context() as patch:
+        # counting_send stands in for the stock method: only real sends are counted.
+        patch.setattr("slotkit.signaling._STOCK_SEND", counting_send)
+        patch.setattr(manager, "send_catch_log", MethodType(counting_send, manager))
+        await fetch_one("unheard")
+    assert [s for s in sent if s in DOWNLOADER_SIGNALS] == []
+
+    sent.clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manager, "send_catch_log", MethodType(counting_send, manager))
+        await fetch_one("watched")
+    assert [s for s in sent if s in DOWNLOADER_SIGNALS] == list(DOWNLOADER_SIGNALS)
 
 
 @pytest_twisted.ensureDeferred

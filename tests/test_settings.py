@@ -575,16 +575,30 @@ def test_per_ip_limit_is_read_without_scrapys_deprecation_warning():
         assert per_ip_limit(Settings()) == 0
 
 
-@pytest.mark.parametrize("text", ["[1,3]", "1,3", " [1, 3] "])
+@pytest.mark.parametrize("text", ["[1,3]", " [1, 3] "])
 def test_pairs_given_on_the_command_line(text: str):
-    """`scrapy crawl -s RAMPUP_BACKOFF_TARGET=[1,3]` hands the pair over as a string."""
+    """`scrapy crawl -s 'BACKOFF_JITTER=[0.1,0.3]'` hands the pair over as a string."""
     assert read({"RAMPUP_BACKOFF_TARGET": text}).rampup_target == (1, 3)
     jitter = text.replace("1", "0.1").replace("3", "0.3")
     assert read({"BACKOFF_JITTER": jitter}).backoff.jitter == (0.1, 0.3)
     assert read({"DOWNLOAD_DELAY_JITTER": jitter}).jitter == (0.1, 0.3)
+    assert read({"RANDOMIZE_DOWNLOAD_DELAY": jitter}).jitter == (0.1, 0.3)
+
+
+def test_an_integer_pair_may_drop_its_brackets():
+    assert read({"RAMPUP_BACKOFF_TARGET": "1,3"}).rampup_target == (1, 3)
+
+
+@pytest.mark.parametrize("name", ["BACKOFF_JITTER", "DOWNLOAD_DELAY_JITTER"])
+def test_a_decimal_comma_is_not_taken_for_a_pair(name: str):
+    """`0,5` may mean 0.5: refused with the setting's name, never read as [0, 5]."""
+    with pytest.raises(SettingsError, match=name):
+        read({name: "0,5"})
 
 
 @pytest.mark.parametrize("text", ["1,x", "[1,2,3]", "[]"])
 def test_bad_command_line_pairs_name_the_setting(text: str):
-    with pytest.raises(SettingsError, match="RAMPUP_BACKOFF_TARGET"):
+    with pytest.raises(SettingsError, match="RAMPUP_BACKOFF_TARGET") as error:
         read({"RAMPUP_BACKOFF_TARGET": text})
+    if text.startswith("["):
+        assert repr(text) in str(error.value)  # what the user typed, not the split list

@@ -154,7 +154,7 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
         ),
         "BACKOFF_RESEND": Value(
             config.resend,
-            f"{'on' if config.resend else 'off'}, for up to {_seconds(config.resend_timeout)}",
+            _resend_text(settings, config.resend, config.resend_timeout),
             _origin(settings, "BACKOFF_RESEND"),
         ),
         "THROTTLING_SCOPE_LIMIT": Value(
@@ -173,3 +173,24 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
     }
     notes = [note for provider in NOTE_PROVIDERS for note in provider(context)]
     return Explanation(url, manager_name, manager_note, explained, crawl, notes)
+
+
+def _resend_text(settings: Settings, resend: bool, timeout: float) -> str:
+    """Whether re-sending is in force: it follows RetryMiddleware's rules."""
+    from scrapy.downloadermiddlewares.retry import RetryMiddleware
+    from scrapy.utils.conf import build_component_list
+    from scrapy.utils.misc import load_object
+
+    if not resend:
+        return "off"
+    if not settings.getbool("RETRY_ENABLED"):
+        return "off (RETRY_ENABLED is False)"
+    paths = build_component_list(settings.getwithbase("DOWNLOADER_MIDDLEWARES"))
+    classes = [load_object(path) for path in paths]
+    if not any(isinstance(c, type) and issubclass(c, RetryMiddleware) for c in classes):
+        return "off (no RetryMiddleware among DOWNLOADER_MIDDLEWARES)"
+    retry_times = settings.getint("RETRY_TIMES")
+    codes = {int(code) for code in settings.getlist("RETRY_HTTP_CODES")}
+    where = f"where RetryMiddleware retries (RETRY_TIMES {retry_times}, 429 "
+    where += "retried)" if 429 in codes else "not retried)"
+    return f"on {where}, for up to {_seconds(timeout)}"
