@@ -18,8 +18,11 @@ class Sender:
     """A crawler stand-in: pydispatch keys receivers by the sender's identity."""
 
 
-@pytest.fixture
-def manager() -> SignalManager:
+@pytest.fixture(params=["table", "getReceivers"])
+def manager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SignalManager:
+    """A crawler's signal manager; checked through pydispatch's table and its public call."""
+    if request.param == "getReceivers":
+        monkeypatch.setattr("slotkit.signaling._CONNECTIONS", None)
     return SignalManager(Sender())
 
 
