@@ -7,7 +7,6 @@ scope, what arrived and what is accepted. Nothing in here touches a reactor.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from slotkit.validation import (
     _integer,
     _number,
     as_bool,
+    command_line_pair,
     parse_jitter,
     per_ip_setting,
 )
@@ -138,10 +138,9 @@ def _randomize_jitter(settings: BaseSettings) -> Jitter:
     """
     where = "RANDOMIZE_DOWNLOAD_DELAY"
     raw = settings.get(where)
-    if isinstance(raw, (list, tuple)):
+    # A pair, also written "[-0.1,0.3]" on the command line: parse_jitter reads both.
+    if isinstance(command_line_pair(raw), (list, tuple)):
         return parse_jitter(where, raw)
-    if isinstance(raw, str) and raw.strip().startswith("["):
-        return parse_jitter(where, _json_pair(where, raw))
     factor = raw if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
     if isinstance(raw, str):
         try:
@@ -153,16 +152,6 @@ def _randomize_jitter(settings: BaseSettings) -> Jitter:
     try:
         return parse_jitter(where, as_bool(settings, where))
     except SettingsError:
-        raise SettingsError(
-            f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair (got {raw!r})"
-        ) from None
-
-
-def _json_pair(where: str, raw: str) -> object:
-    """A ``[low, high]`` pair given on the command line as JSON."""
-    try:
-        return json.loads(raw)
-    except ValueError:
         raise SettingsError(
             f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair (got {raw!r})"
         ) from None
