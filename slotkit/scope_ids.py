@@ -100,8 +100,8 @@ def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str
     """Turn any accepted scopes value into ``{scope id: quota amount or None}``.
 
     Order is kept (the first scope is the request's primary scope, the one
-    reported as its ``download_slot``). Bad values raise :class:`TypeError`
-    naming *where* they came from.
+    reported as its ``download_slot``); a set, having none, is taken sorted.
+    Bad values raise :class:`TypeError` naming *where* they came from.
     """
     if scopes is None:
         return {}
@@ -129,6 +129,10 @@ def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str
             if not isinstance(key, str):
                 raise TypeError(f"{where} returned a non-string scope id {key!r}")
             result[key] = None
+        if isinstance(scopes, (set, frozenset)) and len(result) > 1:
+            # A set has no order, and string hashing changes between runs: sort it
+            # so the primary scope (the download_slot) is the same in every run.
+            result = dict.fromkeys(sorted(result))
         return result
     raise TypeError(
         f"{where} must return None, a scope id, an iterable of ids or a dict of id -> amount "

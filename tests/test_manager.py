@@ -190,6 +190,14 @@ def test_normalize_scopes_forms(value: Any, expected: dict[str, float | None]):
     assert list(result) == list(expected)
 
 
+def test_normalize_scopes_takes_a_set_sorted():
+    """A set has no order (string hashes change per run): its ids come sorted,
+    so the primary scope, the download_slot, is the same in every run."""
+    ids = {f"scope-{n}" for n in range(20)}
+    assert list(normalize_scopes(ids)) == sorted(ids)
+    assert list(normalize_scopes(frozenset(ids))) == sorted(ids)
+
+
 def test_normalize_scopes_amounts_are_floats():
     """Integer amounts are converted to floats."""
     assert isinstance(normalize_scopes({"a": 3})["a"], float)
