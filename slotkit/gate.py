@@ -8,7 +8,10 @@ How a waiter moves:
 1. On :meth:`Gate.acquire`, if no scope of the request has anyone waiting and
    every scope's manager answers ``can_send() == 0``, it is dispatched at once.
 2. Otherwise the waiter is *parked* on the first scope that stops it, in a
-   heap ordered by request priority, then arrival (FIFO among equals).
+   heap ordered by request priority, then by the largest portion of a
+   scope's quota the request spends (the spec: all else equal, the bigger
+   spender goes first, so small requests do not keep taking the units it
+   waits for), then arrival (FIFO among equals).
 3. A scope is *pumped* when its timer fires or its state changes (a request
    of it finished, its delay or concurrency changed, it was held). Pumping
    looks at the head waiter: if this scope still says wait, the scope arms
@@ -35,13 +38,18 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import IgnoreRequest
 from twisted.internet.defer import Deferred
 
+from slotkit.quota import quota_portion
+
 if TYPE_CHECKING:
     from scrapy import Request
     from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
     from slotkit.registry import Scope
 
-__all__ = ["Gate", "GateClosedError", "Waiter"]
+__all__ = ["Gate", "GateClosedError", "Waiter", "WaiterKey"]
+
+#: Sort key of a waiter: ``(-priority, -quota portion, arrival)``; smaller goes first.
+WaiterKey = tuple[int, float, int]
 
 
 class GateClosedError(IgnoreRequest):
@@ -76,7 +84,7 @@ class Waiter:
         request: Request,
         scopes: Sequence[Scope],
         amounts: Sequence[float | None],
-        key: tuple[int, int],
+        key: WaiterKey,
     ) -> None:
         self.request = request
         self.scopes = scopes
@@ -137,7 +145,7 @@ class Gate:
         for scope, amount in zip(scopes, amounts, strict=True):
             if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
                 return None
-        waiter = Waiter(request, scopes, amounts, (0, next(self._seq)))
+        waiter = Waiter(request, scopes, amounts, (0, 0.0, next(self._seq)))
         for scope in scopes:
             scope.add_request(request)
         self._dispatch(waiter, now)
@@ -157,7 +165,8 @@ class Gate:
         before it starts competing for its scopes. Cancelling the Deferred
         withdraws the request from every scope.
         """
-        waiter = Waiter(request, scopes, amounts, (-priority, next(self._seq)))
+        portion = quota_portion(scopes, amounts)
+        waiter = Waiter(request, scopes, amounts, (-priority, -portion, next(self._seq)))
         waiter.deferred = Deferred(lambda _: self._cancel(waiter))
         if self._closed:
             waiter.deferred.errback(GateClosedError("the downloader is closed"))
@@ -303,7 +312,7 @@ class Gate:
         return None, 0.0
 
     @staticmethod
-    def _has_earlier_waiter(scope: Scope, key: tuple[int, int]) -> bool:
+    def _has_earlier_waiter(scope: Scope, key: WaiterKey) -> bool:
         """Whether a live waiter that sorts before *key* is parked on *scope*."""
         heap = scope.waiters
         while heap:

@@ -247,9 +247,10 @@ class ThrottlingAwarePriorityQueue:
         ``0.0`` unless the request names amounts (``throttling_scopes`` as a
         dict, or such a ``get_scopes`` answer) for scopes that count a quota.
         A scope manager tells its remaining quota through a
-        ``quota_available(now)`` method, or a ``quota`` object with
-        ``remaining(now)`` (slotkit's default manager). *scopes*: the
-        request's scopes, if already known.
+        ``quota_available(now)`` method (slotkit's default manager has one),
+        or a ``quota`` object with ``remaining(now)``. A scope not created
+        yet has its whole configured quota left. *scopes*: the request's
+        scopes, if already known.
         """
         if scopes is None:
             scopes = self.readiness.scopes(request)
@@ -261,10 +262,21 @@ class ThrottlingAwarePriorityQueue:
         now = self.readiness.now()
         for scope_id, amount in amounts.items():
             scope = registry.peek(scope_id)
-            available = None if scope is None else _quota_available(scope.manager, now)
+            if scope is not None:
+                available = _quota_available(scope.manager, now)
+            else:
+                available = self._configured_quota(scope_id)
             if available is not None:
                 share = max(share, amount / available if available > 0 else math.inf)
         return share
+
+    def _configured_quota(self, scope_id: str) -> float | None:
+        """The quota a scope not created yet will start with (``None``: none, or unknown)."""
+        scope_config = getattr(self.downloader, "scope_config", None)
+        if scope_config is None:
+            return None
+        quota = scope_config(scope_id).quota
+        return None if quota is None else float(quota)
 
     def _choose(self, *, fallback: bool) -> tuple[str | None, float]:
         """The slot to pop from, or ``(None, seconds until the soonest one may be)``.

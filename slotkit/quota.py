@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["Quota"]
+if TYPE_CHECKING:
+    from slotkit.registry import Scope
+
+__all__ = ["Quota", "quota_portion"]
 
 #: Float slack when comparing unit sums.
 EPSILON = 1e-9
@@ -45,6 +50,10 @@ class Quota:
         """Units counted in the window ending at *now* (in flight included)."""
         self._expire(now)
         return max(0.0, self._used)
+
+    def remaining(self, now: float) -> float:
+        """Units that still fit in the window ending at *now*."""
+        return max(0.0, self.limit - self.used(now))
 
     def wait(self, now: float, amount: float) -> float:
         """Seconds until *amount* more units fit.
@@ -107,3 +116,18 @@ class Quota:
             self._used -= entries.popleft()[1]
         if not entries and not self._in_flight:
             self._used = 0.0  # drop float drift once the window is empty
+
+
+def quota_portion(scopes: Sequence[Scope], amounts: Sequence[float | None]) -> float:
+    """The largest part of a scope's quota (``amount / quota``) a request spends.
+
+    ``0.0`` when none of its scopes counts a quota in slotkit's own manager.
+    The quota's size, not what is left of it, so waiters that arrived at
+    different moments compare fairly.
+    """
+    portion = 0.0
+    for scope, amount in zip(scopes, amounts, strict=True):
+        quota = getattr(scope.manager, "quota", None)
+        if isinstance(quota, Quota) and quota.limit > 0:
+            portion = max(portion, (1.0 if amount is None else amount) / quota.limit)
+    return portion

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-    from slotkit.gate import Waiter
+    from slotkit.gate import Waiter, WaiterKey
     from slotkit.interfaces import IThrottlingScopeManager
 
 __all__ = ["Scope", "ScopeRegistry"]
@@ -67,7 +67,7 @@ class Scope:
         self.manager = manager
         self.kind = kind
         #: Heap of ``(sort key, waiter)`` parked on this scope (see :mod:`slotkit.gate`).
-        self.waiters: list[tuple[tuple[int, int], Waiter]] = []
+        self.waiters: list[tuple[WaiterKey, Waiter]] = []
         #: Waiters in the heap that are not cancelled (cancelled ones are dropped lazily).
         self.live_waiters = 0
         #: The one pending wake-up of this scope, if any.

@@ -176,6 +176,14 @@ class ThrottlingScopeManager:
         if self.rampup is not None:
             self.rampup.record_sent(now)
 
+    def quota_available(self, now: float) -> float | None:
+        """Quota units still free at *now*; ``None`` when the scope counts no quota.
+
+        Read by :class:`~slotkit.pqueue.ThrottlingAwarePriorityQueue` to prefer,
+        all else equal, the request that uses the larger share of what is left.
+        """
+        return None if self.quota is None else self.quota.remaining(now)
+
     def record_started(self, now: float) -> None:
         """The last dispatched request's transfer really began at *now*.
 

@@ -372,6 +372,34 @@ def test_new_request_does_not_overtake_waiters_when_scope_frees_without_poke():
 # ----------------------------------------------------------------- per-request delay
 
 
+def test_larger_quota_portion_first_among_equal_priority():
+    """All else equal, a request spending more of a scope's quota goes first (spec);
+    equal spenders stay in arrival order, and priority still comes before it."""
+    h = Harness()
+    host = h.scope("api.example.com", concurrency=1)
+    budget = Scope("budget", ThrottlingScopeManager(concurrency=100, quota=100.0, window=60.0))
+
+    def spend(name: str, amount: float, priority: int = 0) -> None:
+        request = Request(f"https://api.example.com/{name}", priority=priority)
+        deferred = h.gate.acquire(request, [host, budget], [None, amount], priority)
+
+        def fired(ticket: Waiter) -> None:
+            h.fired.append((name, h.clock.seconds()))
+            h.tickets[name] = ticket
+
+        deferred.addCallback(fired)
+
+    spend("running", 1.0)
+    spend("small1", 1.0)
+    spend("big1", 5.0)
+    spend("small2", 1.0)
+    spend("big2", 5.0)
+    spend("urgent", 1.0, priority=1)
+    for _ in range(5):
+        h.release(h.names()[-1])
+    assert h.names() == ["running", "urgent", "big1", "big2", "small1", "small2"]
+
+
 def test_request_delay_holds_a_request_on_a_free_scope():
     """acquire(..., delay=x) keeps a request back x seconds even when its scope is free."""
     h = Harness()

@@ -25,9 +25,9 @@ Invariants (after every step, and at every dispatch):
   drawn (exactly the delay with no jitter), a hold, the backoff floor of the
   current quiet window, or the quota (no more than ``quota`` units in any
   ``window``, bar one oversized request in an empty window);
-* requests with the same scopes and priority are admitted in arrival order,
-  and no dispatch passes a waiter parked on one of its scopes that sorts
-  before it (priority, then arrival);
+* requests with the same scopes, amounts and priority are admitted in
+  arrival order, and no dispatch passes a waiter parked on one of its scopes
+  that sorts before it (priority, then quota portion, then arrival);
 * every acquire Deferred fires exactly once; nothing waits that no timer or
   in-flight request will wake; at most one timer per scope, none leaked;
 * eviction only ever drops idle scopes (not busy, held, backing off or
@@ -352,13 +352,16 @@ class Record:
     def order_class(self) -> tuple[Any, ...] | None:
         """Requests of one class must be admitted in arrival order (None: not compared).
 
+        Amounts are part of the class: all else equal, the request spending the
+        larger portion of a quota goes first.
+
         A ``throttling_delay`` request enters the gate later than it arrived, so it
         is not compared; the fast path (``try_acquire``) is, since it must never
         overtake a request already waiting.
         """
         if self.delay:
             return None
-        return (self.scope_ids, self.priority)
+        return (self.scope_ids, self.amounts, self.priority)
 
 
 class _FeedbackConfig:

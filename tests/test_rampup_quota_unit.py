@@ -297,3 +297,12 @@ def test_delay_reaches_a_zero_minimum_then_concurrency_rises() -> None:
         delays.append(scope.delay)
     assert delays == [0.2, 0.1, 0.05, 0.025, 0.0125, 0.0, 0.0]
     assert scope.concurrency == 2
+
+
+def test_quota_available_is_what_is_left_of_the_quota() -> None:
+    """The default manager tells schedulers how much of its quota is left."""
+    manager = ThrottlingScopeManager(concurrency=10, quota=10.0, window=60.0)
+    assert manager.quota_available(0.0) == 10.0
+    manager.record_sent(0.0, 3.0)
+    assert manager.quota_available(1.0) == 7.0
+    assert ThrottlingScopeManager(concurrency=10).quota_available(0.0) is None
