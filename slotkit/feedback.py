@@ -111,10 +111,15 @@ class Feedback:
         if ticket.sent_at < scope.step_started_at:
             self._stats.inc("backoff/deduplicated")
             return False
-        scope.manager.record_backoff(None, now)
+        manager = scope.manager
+        steps_before = getattr(manager, "steps", None)
+        manager.record_backoff(None, now)
         scope.step_started_at = now
         scope.capped_logged = False
-        self._stats.inc("backoff/steps")
+        # A rampup scope within its target takes the trigger without a step;
+        # managers that keep no step count are taken to have stepped.
+        if steps_before is None or getattr(manager, "steps", None) != steps_before:
+            self._stats.inc("backoff/steps")
         if self._config.debug:
             logger.debug(
                 "slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager

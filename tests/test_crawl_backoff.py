@@ -32,6 +32,24 @@ def pages(site: MockSite, host: str, count: int, **query: Any) -> list[str]:
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_429_within_the_rampup_target_is_a_trigger_not_a_step(
+    mock_site: MockSite,
+) -> None:
+    """Rampup takes up to its target of triggers per window without slowing down;
+    the stats say so (a trigger, no step)."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429))
+    settings = {
+        **SLOTKIT,
+        "BACKOFF_MIN_DELAY": 0.2,
+        "THROTTLING_SCOPES": {HOST: {"rampup": True}},
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 3))
+    assert sorted(r.status for r in result.responses) == [200] * 3
+    assert result.stats["throttling/backoff/triggers/429"] == 1
+    assert "throttling/backoff/steps" not in result.stats
+
+
+@pytest_twisted.ensureDeferred
 async def test_burst_of_429s_is_one_backoff_step(mock_site: MockSite) -> None:
     """Four in-flight requests answered 429 together advance the backoff once."""
     mock_site.set_behaviour(HOST, fail_first(4, 429, delay=0.1))
