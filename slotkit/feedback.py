@@ -117,8 +117,9 @@ class Feedback:
         scope.step_started_at = now
         scope.capped_logged = False
         # A rampup scope within its target takes the trigger without a step;
-        # managers that keep no step count are taken to have stepped.
-        if steps_before is None or getattr(manager, "steps", None) != steps_before:
+        # managers that keep no step count (the shared one, most custom ones)
+        # are taken to have stepped.
+        if not isinstance(steps_before, int) or getattr(manager, "steps", None) != steps_before:
             self._stats.inc("backoff/steps")
         if self._config.debug:
             logger.debug(

@@ -8,10 +8,10 @@ How a waiter moves:
 1. On :meth:`Gate.acquire`, if no scope of the request has anyone waiting and
    every scope's manager answers ``can_send() == 0``, it is dispatched at once.
 2. Otherwise the waiter is *parked* on the first scope that stops it, in a
-   heap ordered by request priority, then by the largest portion of a
-   scope's quota the request spends (the spec: all else equal, the bigger
-   spender goes first, so small requests do not keep taking the units it
-   waits for), then arrival (FIFO among equals).
+   heap ordered by request priority, then arrival (FIFO among equals). A
+   request that spends part of a quota counts as arrived a little earlier
+   (:func:`~slotkit.quota.quota_head_start`): all else equal, the bigger
+   spender goes first, as the spec asks, but only by a bounded margin.
 3. A scope is *pumped* when its timer fires or its state changes (a request
    of it finished, its delay or concurrency changed, it was held). Pumping
    looks at the head waiter: if this scope still says wait, the scope arms
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import IgnoreRequest
 from twisted.internet.defer import Deferred
 
-from slotkit.quota import quota_portion
+from slotkit.quota import quota_head_start
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Gate", "GateClosedError", "Waiter", "WaiterKey"]
 
-#: Sort key of a waiter: ``(-priority, -quota portion, arrival)``; smaller goes first.
+#: Sort key of a waiter: ``(-priority, arrival minus quota head start, sequence)``;
+#: smaller goes first.
 WaiterKey = tuple[int, float, int]
 
 
@@ -145,7 +146,7 @@ class Gate:
         for scope, amount in zip(scopes, amounts, strict=True):
             if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
                 return None
-        waiter = Waiter(request, scopes, amounts, (0, 0.0, next(self._seq)))
+        waiter = Waiter(request, scopes, amounts, (0, now, next(self._seq)))
         for scope in scopes:
             scope.add_request(request)
         self._dispatch(waiter, now)
@@ -165,13 +166,14 @@ class Gate:
         before it starts competing for its scopes. Cancelling the Deferred
         withdraws the request from every scope.
         """
-        portion = quota_portion(scopes, amounts)
-        waiter = Waiter(request, scopes, amounts, (-priority, -portion, next(self._seq)))
+        now = self._clock.seconds()
+        arrival = now - quota_head_start(scopes, amounts)
+        waiter = Waiter(request, scopes, amounts, (-priority, arrival, next(self._seq)))
         waiter.deferred = Deferred(lambda _: self._cancel(waiter))
         if self._closed:
             waiter.deferred.errback(GateClosedError("the downloader is closed"))
             return waiter.deferred
-        waiter.enqueued_at = self._clock.seconds()
+        waiter.enqueued_at = now
         self.waiting.add(waiter)
         for scope in scopes:
             scope.add_request(request)
@@ -297,9 +299,9 @@ class Gate:
         """The first other scope that stops *waiter*, and how long it says to wait.
 
         A scope stops it when its manager says wait, or when an earlier waiter
-        (by priority, then arrival) is still parked on it: otherwise a waiter
-        freed by its own scope would take a shared scope's slot from an older
-        waiter parked there (FIFO across scopes).
+        (by sort key: priority, then arrival) is still parked on it: otherwise
+        a waiter freed by its own scope would take a shared scope's slot from
+        an older waiter parked there (FIFO across scopes).
         """
         for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
             if scope is skip:

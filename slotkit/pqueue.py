@@ -109,6 +109,9 @@ class ThrottlingAwarePriorityQueue:
         self.key = key
         self.readiness = readiness_of(crawler, downloader)
         self.downloader = self.readiness.downloader
+        #: Some ``THROTTLING_SCOPES`` entry sets a quota, which a request naming
+        #: no amount may spend too (so every request may have a quota share).
+        self._quotas_configured = _any_quota_configured(self.downloader)
         #: slot key -> that slot's priority queue (never empty).
         self.pqueues: dict[str, _SlotQueue] = {}
         #: slot key -> its next request and that request's scopes (asked once per head).
@@ -224,8 +227,10 @@ class ThrottlingAwarePriorityQueue:
         """
         known = self._heads.get(slot)
         scopes = known[1] if known is not None and known[0] is head else None
-        # Only requests that name amounts compete on quota share.
-        names_amounts = scopes is None or any(v is not None for v in scopes.values())
+        # Without configured quotas only requests that name amounts can have a share.
+        names_amounts = (
+            scopes is None or self._quotas_configured or any(v is not None for v in scopes.values())
+        )
         share = self.quota_share(head, scopes) if names_amounts else 0.0
         return (self.busy(slot), -head.priority, -share, self._served.get(slot, 0))
 
@@ -244,23 +249,23 @@ class ThrottlingAwarePriorityQueue:
     ) -> float:
         """The largest share of a scope's remaining quota that *request* would use.
 
-        ``0.0`` unless the request names amounts (``throttling_scopes`` as a
-        dict, or such a ``get_scopes`` answer) for scopes that count a quota.
-        A scope manager tells its remaining quota through a
-        ``quota_available(now)`` method (slotkit's default manager has one),
-        or a ``quota`` object with ``remaining(now)``. A scope not created
-        yet has its whole configured quota left. *scopes*: the request's
-        scopes, if already known.
+        ``0.0`` unless one of its scopes counts a quota. A request that names
+        no amount spends 1 unit, as its scope manager counts it. A scope
+        manager tells its remaining quota through a ``quota_available(now)``
+        method (slotkit's default manager has one), or a ``quota`` object
+        with ``remaining(now)``. A scope not created yet that will get
+        slotkit's default manager has its whole configured quota left.
+        *scopes*: the request's scopes, if already known.
         """
         if scopes is None:
             scopes = self.readiness.scopes(request)
-        amounts = {k: v for k, v in scopes.items() if v is not None}
         registry = getattr(self.downloader, "registry", None)
-        if not amounts or registry is None:
+        if not scopes or registry is None:
             return 0.0
         share = 0.0
         now = self.readiness.now()
-        for scope_id, amount in amounts.items():
+        for scope_id, named in scopes.items():
+            amount = 1.0 if named is None else named  # what the scope manager counts
             scope = registry.peek(scope_id)
             if scope is not None:
                 available = _quota_available(scope.manager, now)
@@ -271,12 +276,19 @@ class ThrottlingAwarePriorityQueue:
         return share
 
     def _configured_quota(self, scope_id: str) -> float | None:
-        """The quota a scope not created yet will start with (``None``: none, or unknown)."""
+        """The quota a scope not created yet will start with (``None``: none, or unknown).
+
+        Only for slotkit's default manager: a custom (or the shared) manager
+        reports no share once the scope exists, so guessing one before would
+        rank its requests ahead of live scopes' for no reason.
+        """
         scope_config = getattr(self.downloader, "scope_config", None)
         if scope_config is None:
             return None
-        quota = scope_config(scope_id).quota
-        return None if quota is None else float(quota)
+        config = scope_config(scope_id)
+        if config.manager is not None or config.quota is None:
+            return None
+        return float(config.quota)
 
     def _choose(self, *, fallback: bool) -> tuple[str | None, float]:
         """The slot to pop from, or ``(None, seconds until the soonest one may be)``.
@@ -372,6 +384,14 @@ class ThrottlingAwarePriorityQueue:
     def _forget(self, slot: str) -> None:
         self._heads.pop(slot, None)
         self._due.pop(slot, None)
+
+
+def _any_quota_configured(downloader: Any) -> bool:
+    config = getattr(downloader, "config", None)
+    scopes = getattr(config, "scopes", None) or {}
+    return any(
+        isinstance(entry, Mapping) and entry.get("quota") is not None for entry in scopes.values()
+    )
 
 
 def _quota_available(manager: Any, now: float) -> float | None:

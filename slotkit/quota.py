@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from slotkit.registry import Scope
 
-__all__ = ["Quota", "quota_portion"]
+__all__ = ["Quota", "quota_head_start"]
 
 #: Float slack when comparing unit sums.
 EPSILON = 1e-9
@@ -118,16 +118,20 @@ class Quota:
             self._used = 0.0  # drop float drift once the window is empty
 
 
-def quota_portion(scopes: Sequence[Scope], amounts: Sequence[float | None]) -> float:
-    """The largest part of a scope's quota (``amount / quota``) a request spends.
+def quota_head_start(scopes: Sequence[Scope], amounts: Sequence[float | None]) -> float:
+    """How many seconds earlier than its arrival a waiter counts, for the quota it spends.
 
-    ``0.0`` when none of its scopes counts a quota in slotkit's own manager.
-    The quota's size, not what is left of it, so waiters that arrived at
-    different moments compare fairly.
+    The spec asks that, all else equal, the request spending the larger
+    portion of a quota goes first. The gate gives it a head start of
+    ``amount / quota * window``: the time its units take to come back at the
+    quota's own rate. A bounded head start, not a strict preference, so a
+    stream of big spenders cannot keep a small request waiting for ever.
+    Only scopes counted by slotkit's own manager (a :class:`Quota`) count.
     """
-    portion = 0.0
+    head_start = 0.0
     for scope, amount in zip(scopes, amounts, strict=True):
         quota = getattr(scope.manager, "quota", None)
         if isinstance(quota, Quota) and quota.limit > 0:
-            portion = max(portion, (1.0 if amount is None else amount) / quota.limit)
-    return portion
+            spent = 1.0 if amount is None else amount
+            head_start = max(head_start, spent / quota.limit * quota.window)
+    return head_start

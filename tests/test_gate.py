@@ -372,13 +372,14 @@ def test_new_request_does_not_overtake_waiters_when_scope_frees_without_poke():
 # ----------------------------------------------------------------- per-request delay
 
 
-def test_larger_quota_portion_first_among_equal_priority():
-    """All else equal, a request spending more of a scope's quota goes first (spec);
-    equal spenders stay in arrival order, and priority still comes before it."""
+def _quota_harness() -> tuple[Harness, Scope, Scope]:
     h = Harness()
     host = h.scope("api.example.com", concurrency=1)
     budget = Scope("budget", ThrottlingScopeManager(concurrency=100, quota=100.0, window=60.0))
+    return h, host, budget
 
+
+def _spend(h: Harness, host: Scope, budget: Scope) -> Any:
     def spend(name: str, amount: float, priority: int = 0) -> None:
         request = Request(f"https://api.example.com/{name}", priority=priority)
         deferred = h.gate.acquire(request, [host, budget], [None, amount], priority)
@@ -389,6 +390,14 @@ def test_larger_quota_portion_first_among_equal_priority():
 
         deferred.addCallback(fired)
 
+    return spend
+
+
+def test_larger_quota_portion_first_among_equal_priority():
+    """All else equal, a request spending more of a scope's quota goes first (spec);
+    equal spenders stay in arrival order, and priority still comes before it."""
+    h, host, budget = _quota_harness()
+    spend = _spend(h, host, budget)
     spend("running", 1.0)
     spend("small1", 1.0)
     spend("big1", 5.0)
@@ -398,6 +407,23 @@ def test_larger_quota_portion_first_among_equal_priority():
     for _ in range(5):
         h.release(h.names()[-1])
     assert h.names() == ["running", "urgent", "big1", "big2", "small1", "small2"]
+
+
+def test_a_big_spender_gets_only_a_bounded_head_start():
+    """A big spender counts as arrived amount/quota*window earlier, no more: a small
+    request that has waited longer than the difference still goes first."""
+    h, host, budget = _quota_harness()
+    spend = _spend(h, host, budget)
+    spend("running", 1.0)
+    spend("small", 1.0)  # at 0 s, counts as arrived at -0.6 s (1/100 of 60 s early)
+    h.clock.advance(2.0)
+    spend("big", 5.0)  # at 2 s, counts as arrived at -1 s (5/100 of 60 s early)
+    spend("big-late", 5.0)
+    h.clock.advance(1.0)
+    spend("big-later", 5.0)  # at 3 s, counts as arrived at 0 s: after small
+    for _ in range(4):
+        h.release(h.names()[-1])
+    assert h.names() == ["running", "big", "big-late", "small", "big-later"]
 
 
 def test_request_delay_holds_a_request_on_a_free_scope():

@@ -28,6 +28,7 @@ from slotkit.downloader import Downloader
 from slotkit.manager import normalize_scopes
 from slotkit.pqueue import ThrottlingAwarePriorityQueue
 from slotkit.scheduler import ThrottlingAwareScheduler, check_priority_queue
+from slotkit.scope import ThrottlingScopeManager
 from slotkit.validation import SettingsError
 
 ONE_DELAY = 10.0
@@ -675,3 +676,52 @@ def test_per_ip_limit_alone_switches_to_the_throttling_queue(
     assert crawler.settings["SCHEDULER_PRIORITY_QUEUE"] == "slotkit.ThrottlingAwarePriorityQueue"
     assert crawler.settings.frozen
     assert "CONCURRENT_REQUESTS_PER_IP" in caplog.text
+
+
+# ------------------------------------------------------- quota share with slotkit's manager
+
+
+class _CountingManager(ThrottlingScopeManager):
+    """A custom scope manager (anything but slotkit's default one)."""
+
+
+def _quota_queue(scopes: dict[str, Any]) -> tuple[ThrottlingAwarePriorityQueue, Downloader]:
+    crawler, downloader, _, _, _ = slotkit_setup({"THROTTLING_SCOPES": scopes})
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    return queue, downloader
+
+
+def test_the_default_managers_quota_share_ranks_slots() -> None:
+    """With slotkit's own manager, before and after the quota scope exists, the request
+    using more of what is left goes first, whatever the slot names' order."""
+    queue, downloader = _quota_queue({"budget": {"quota": 10.0, "concurrency": 10}})
+    small = req("a.example", meta={"throttling_scopes": {"a.example": None, "budget": 1.0}})
+    big = req("z.example", meta={"throttling_scopes": {"z.example": None, "budget": 3.0}})
+    queue.push(small)
+    queue.push(big)
+    assert downloader.registry.peek("budget") is None
+    assert queue.quota_share(big) == pytest.approx(0.3)
+    assert queue.pop_ready() is big
+    downloader.registry.get("budget").manager.record_sent(downloader.now(), 6.0)
+    assert queue.quota_share(small) == pytest.approx(0.25)  # 1 of the 4 left
+    assert queue.pop_ready() is small
+
+
+def test_a_request_naming_no_amount_spends_one_unit_of_a_quota() -> None:
+    """A plain request of a quota scope counts 1 unit, as its manager counts it."""
+    queue, _ = _quota_queue({"budget": {"quota": 10.0, "concurrency": 10}})
+    plain = req("a.example", meta={"throttling_scopes": ["a.example", "budget"]})
+    half = req("z.example", meta={"throttling_scopes": {"z.example": None, "budget": 0.5}})
+    queue.push(half)
+    queue.push(plain)
+    assert queue.quota_share(plain) == pytest.approx(0.1)
+    assert queue.pop_ready() is plain
+
+
+def test_scopes_of_other_managers_get_no_guessed_share() -> None:
+    """A scope whose manager is not slotkit's reports no share once alive, so none is
+    guessed for it before it exists either."""
+    manager = f"{__name__}._CountingManager"
+    queue, _ = _quota_queue({"budget": {"quota": 10.0, "manager": manager}})
+    request = req("a.example", meta={"throttling_scopes": {"a.example": None, "budget": 3.0}})
+    assert queue.quota_share(request) == 0.0
