@@ -26,6 +26,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from slotkit.awaitables import needs_await, resolved
 from slotkit.clock import default_clock
 from slotkit.closing import REQUEUED, SpiderClosing, requeued, restore_filtering
+from slotkit.dns import AddressLookups
 from slotkit.feedback import Feedback, current_request
 from slotkit.gate import Gate, GateClosedError, Waiter
 from slotkit.manager import (
@@ -108,6 +109,7 @@ class Downloader(ScopeControl, SpiderClosing):
         self.total_concurrency = self.config.total_concurrency
         self.domain_concurrency = self.config.domain_concurrency
         self.ip_concurrency = self.config.ip_concurrency
+        self._lookups = AddressLookups(self._clock) if self.ip_concurrency else None
         self._default_delay: float | None = None
         self._kind_hints: dict[str, str] = dict.fromkeys(self.config.slots, DOMAIN)
         self.stats = ThrottlingStats(crawler.stats, self.config.warn_threshold)
@@ -239,6 +241,13 @@ class Downloader(ScopeControl, SpiderClosing):
            :mod:`slotkit.resend`). The signals match the stock downloader's:
            reached once, downloaded per transfer, left once.
         """
+        lookups = self._lookups
+        if lookups is not None:
+            host = urlparse_cached(request).hostname
+            if host and lookups.needed(host) and not request.meta.get("proxy"):
+                # CONCURRENT_REQUESTS_PER_IP: know the address before the first
+                # request to a host goes, not once its connection filled the cache.
+                await maybe_deferred_to_future(lookups.lookup(host))
         if self._default_get_scopes:
             # The stock manager's answer needs neither its awaitable wrapper nor a check.
             raw = self.manager._default_scopes(request)

@@ -45,6 +45,16 @@ async def mock_site() -> AsyncIterator[MockSite]:
     await site.stop()
 
 
+@pytest.fixture(autouse=True)
+def _forget_looked_up_addresses() -> Iterator[None]:
+    """Addresses slotkit looked up for IP scopes live in a module cache: one test's
+    lookups must not decide the next one's scopes."""
+    yield
+    from slotkit import dns
+
+    dns._looked_up.clear()
+
+
 @pytest.fixture
 def cached_names() -> Iterator[dict[str, str]]:
     """Names put in Scrapy's DNS cache for one test (as its caching resolver would)."""

@@ -7,6 +7,10 @@ from typing import Any
 import pytest
 import pytest_twisted
 from scrapy.resolver import dnscache
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.error import DNSLookupError
+from twisted.internet.interfaces import IResolverSimple
+from zope.interface import implementer
 
 from slotkit import ThrottlingManager
 from tests.crawl import ListSpider, run_crawl
@@ -60,3 +64,51 @@ async def test_the_address_limit_holds_whatever_names_the_scopes(
     result.assert_no_unhandled_errors()
     assert len(result.responses) == 8
     assert mock_site.recorder.max_concurrency() == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_address_limit_holds_from_a_hosts_first_request(mock_site: MockSite) -> None:
+    """Nothing in Scrapy's DNS cache yet: slotkit looks each name up once before its
+    first request, so two names on one address never have three requests in flight."""
+    for name in HOSTS:
+        assert dnscache.get(name) is None
+    urls = [
+        f"http://{name}:{mock_site.port}/page/{i}?delay=0.2" for i in range(4) for name in HOSTS
+    ]
+    settings: dict[str, Any] = {"DOWNLOADER": "slotkit.Downloader", "CONCURRENT_REQUESTS_PER_IP": 2}
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve=HOSTS)
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 8
+    assert mock_site.recorder.max_concurrency() == 2
+
+
+@implementer(IResolverSimple)
+class _NoSuchName:
+    """An IResolverSimple that knows no name, at once (no network in tests)."""
+
+    def getHostByName(self, name: str, timeout: Any = ()) -> Deferred[str]:
+        return fail(DNSLookupError(f"no such name: {name}"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_name_that_does_not_resolve_ends_with_scrapys_dns_error(
+    mock_site: MockSite,
+) -> None:
+    """The lookup failing is not slotkit's business: the request goes on and its
+    download fails as it would without slotkit, once."""
+    from twisted.internet import reactor
+
+    settings: dict[str, Any] = {
+        "DOWNLOADER": "slotkit.Downloader",
+        "CONCURRENT_REQUESTS_PER_IP": 2,
+        "RETRY_ENABLED": False,
+    }
+    url = f"http://nowhere.example.test:{mock_site.port}/page/1"
+    old = reactor.resolver  # type: ignore[attr-defined]
+    reactor.installResolver(_NoSuchName())  # type: ignore[attr-defined]
+    try:
+        result = await run_crawl(ListSpider, settings, urls=[url])
+    finally:
+        reactor.installResolver(old)  # type: ignore[attr-defined]
+    assert not result.responses
+    assert [error.type for error in result.errors] == ["CannotResolveHostError"]  # Scrapy 2.19

@@ -1,0 +1,68 @@
+"""slotkit.dns: addresses for IP scopes, from Scrapy's cache or one lookup per host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy.resolver import dnscache
+from twisted.internet.defer import Deferred
+from twisted.internet.error import DNSLookupError
+from twisted.internet.task import Clock
+
+from slotkit.dns import AddressLookups, cached_ip
+
+
+class Resolving:
+    """A reactor stand-in whose ``resolve`` answers when the test says so."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.pending: dict[str, Deferred[str]] = {}
+
+    def resolve(self, name: str, timeout: Any = ()) -> Deferred[str]:
+        self.asked.append(name)
+        self.pending[name] = Deferred()
+        return self.pending[name]
+
+
+def test_addresses_come_from_scrapys_cache_or_are_literals() -> None:
+    dnscache["cached.example.test"] = "10.0.0.7"
+    try:
+        assert cached_ip("cached.example.test") == "10.0.0.7"
+    finally:
+        dnscache.pop("cached.example.test", None)
+    assert cached_ip("192.0.2.1") == "192.0.2.1"
+    assert cached_ip("[::1]") == "[::1]"
+    assert cached_ip("unknown.example.test") is None
+
+
+def test_one_lookup_per_host_however_many_requests_wait_for_it() -> None:
+    reactor = Resolving()
+    lookups = AddressLookups(reactor)
+    assert lookups.needed("a.example.test")
+    fired: list[int] = []
+    for n in range(3):
+        lookups.lookup("a.example.test").addCallback(lambda _, n=n: fired.append(n))
+    assert reactor.asked == ["a.example.test"]
+    reactor.pending["a.example.test"].callback("10.0.0.1")
+    assert fired == [0, 1, 2]
+    assert cached_ip("a.example.test") == "10.0.0.1"
+    assert not lookups.needed("a.example.test")
+
+
+def test_a_failed_lookup_is_not_repeated_and_never_fails_the_waiter() -> None:
+    reactor = Resolving()
+    lookups = AddressLookups(reactor)
+    done = lookups.lookup("gone.example.test")
+    reactor.pending["gone.example.test"].errback(DNSLookupError("gone"))
+    results: list[Any] = []
+    done.addBoth(results.append)
+    assert results == [None]
+    assert cached_ip("gone.example.test") is None
+    assert not lookups.needed("gone.example.test")
+    assert reactor.asked == ["gone.example.test"]
+
+
+def test_without_a_resolver_nothing_is_looked_up() -> None:
+    """A test clock (or a loop without resolve()) leaves IP scopes to Scrapy's cache."""
+    assert not AddressLookups(Clock()).needed("a.example.test")
