@@ -43,7 +43,6 @@ from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue
 from slotkit.scope_control import ScopeControl
-from slotkit.scope_entries import port_key_warnings
 from slotkit.scope_managers import check_scope_manager_class
 from slotkit.settings import DOMAIN, ThrottlingSettings
 from slotkit.signaling import send_if_heard
@@ -91,11 +90,6 @@ class Downloader(ScopeControl, SpiderClosing):
                 )
         check_priority_queue(crawler.settings)
         self.manager = build_manager(crawler, self.config.manager)
-        if type(self.manager) is ThrottlingManager:
-            for warning in port_key_warnings(
-                ("THROTTLING_SCOPES", self.config.scopes), ("DOWNLOAD_SLOTS", self.config.slots)
-            ):
-                logger.warning("slotkit: %s", warning)
         if hasattr(self.manager, "attach"):
             self.manager.attach(self)
         crawler.throttler = self.manager  # type: ignore[attr-defined]

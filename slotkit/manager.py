@@ -27,6 +27,8 @@ from slotkit.scope_ids import (
     DOWNLOAD_SLOT,
     Scopes,
     add_scope,
+    netloc_keys,
+    netloc_of,
     normalize_scopes,
     scope_cache,
     scope_kind,
@@ -78,7 +80,8 @@ class ThrottlingManager:
     In order, the scopes of a request are: the ``throttling_scopes`` meta if
     set; else a ``download_slot`` meta set by the user (Scrapy's way of
     naming a slot); else the request's host name, so every subdomain is its
-    own scope.
+    own scope (or its ``host:port`` when ``THROTTLING_SCOPES`` or
+    ``DOWNLOAD_SLOTS`` has an entry named so).
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -87,6 +90,7 @@ class ThrottlingManager:
         settings = crawler.settings
         self._per_ip = per_ip_limit(settings) > 0
         self._registrable = settings.get("THROTTLING_DOMAIN_GROUPING") == "registrable_domain"
+        self._netloc_sites = netloc_keys(settings)
         # One response is judged at a time; keeping its parsed headers lets
         # get_response_delay() and the quota bookkeeping share one parse.
         self._last_hint: tuple[Response, RateLimitHint] | None = None
@@ -119,8 +123,14 @@ class ThrottlingManager:
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT):
             return str(slot)
-        host = urlparse_cached(request).hostname or ""
-        site = registrable_domain(host) if self._registrable else host
+        parsed = urlparse_cached(request)
+        host = parsed.hostname or ""
+        if self._netloc_sites and netloc_of(parsed.netloc) in self._netloc_sites:
+            # A THROTTLING_SCOPES / DOWNLOAD_SLOTS entry named "host:port" (the
+            # spec's recipes name sites by netloc): that port's requests get it.
+            site = netloc_of(parsed.netloc)
+        else:
+            site = registrable_domain(host) if self._registrable else host
         if self._per_ip:
             address = cached_ip(host)
             if address is not None and address != site:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.utils.httpobj import urlparse_cached
 
+from slotkit.scope_ids import netloc_of
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -150,8 +152,10 @@ class CrawlDelays:
                 self._max_delay,
             )
             delay = self._max_delay
-        self.delays[site] = delay
-        self._on_delay(site, delay)
+        # The host's scope, and its host:port scope for a port that has its own entry.
+        for scope_id in {site, netloc_of(urlparse_cached(request).netloc)}:
+            self.delays[scope_id] = delay
+            self._on_delay(scope_id, delay)
 
     def warn_once(self, scope_id: str, warning: str) -> None:
         """Log, once per scope, that its configuration is faster than its robots.txt asks."""

@@ -35,7 +35,6 @@ __all__ = [
     "SLOT_KEYS",
     "load_class",
     "parse_target",
-    "port_key_warnings",
     "positive",
     "rampup_entry",
     "slot_entry",
@@ -216,25 +215,3 @@ def slot_entry(key: str, entry: object) -> dict[str, Any]:
         elif name == "randomize_delay" and "jitter" not in entry:
             result["jitter"] = parse_jitter(f"{where}['randomize_delay']", bool(value))
     return result
-
-
-def port_key_warnings(*tables: tuple[str, Mapping[str, Any]]) -> list[str]:
-    """Warnings for entries keyed ``host:port``, which the default scopes never use.
-
-    The default manager names a site's scope by its host name, as Scrapy's
-    slots are named, so such an entry is silently never applied unless a
-    custom manager or the ``throttling_scopes`` meta names it.
-    """
-    from slotkit.scope_ids import host_of_netloc
-
-    warnings = []
-    for setting, table in tables:
-        for key in table:
-            host = host_of_netloc(key)
-            if host is not None:
-                warnings.append(
-                    f"{setting}[{key!r}] names a host and a port, but slotkit's default scopes "
-                    f"are host names without the port: this entry applies only to requests "
-                    f"whose throttling_scopes meta names it. Did you mean {host!r}?"
-                )
-    return warnings

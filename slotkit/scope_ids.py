@@ -28,6 +28,8 @@ __all__ = [
     "Scopes",
     "add_scope",
     "host_of_netloc",
+    "netloc_keys",
+    "netloc_of",
     "normalize_scopes",
     "scope_cache",
     "scope_kind",
@@ -94,6 +96,28 @@ def host_of_netloc(scope_id: str) -> str | None:
         if host != "localhost" and not ("." in host and _HOSTNAME.match(host)):
             return None
     return host
+
+
+def netloc_of(netloc: str) -> str:
+    """A URL's ``netloc`` as a scope id: lower-case, without any ``user:password@``."""
+    return netloc.rpartition("@")[2].lower()
+
+
+def netloc_keys(settings: Any) -> frozenset[str]:
+    """The ``THROTTLING_SCOPES`` and ``DOWNLOAD_SLOTS`` keys that name a ``host:port``.
+
+    Default scopes are host names, as Scrapy's slots are, but the spec's
+    recipes name sites by ``netloc``: a request to a port named so gets that
+    entry's scope instead of its host's.
+    """
+    keys: set[str] = set()
+    for name in ("THROTTLING_SCOPES", "DOWNLOAD_SLOTS"):
+        try:
+            table = settings.getdict(name)
+        except (TypeError, ValueError):
+            continue  # validated (and reported) by the downloader's settings
+        keys.update(key.lower() for key in table if isinstance(key, str) and host_of_netloc(key))
+    return frozenset(keys)
 
 
 def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str, float | None]:

@@ -254,3 +254,41 @@ def test_crawl_delay_warning_names_the_setting_and_how_to_silence_it() -> None:
         )
     ).scope_config(HOST, "domain")
     assert apply_crawl_delay(config, 5.0)[1] is None
+
+
+@pytest.mark.parametrize("table", ["THROTTLING_SCOPES", "DOWNLOAD_SLOTS"])
+@pytest_twisted.ensureDeferred
+async def test_an_entry_named_host_port_applies_to_that_port(
+    mock_site: MockSite, table: str
+) -> None:
+    """The spec's recipes name sites by netloc: an entry keyed "127.0.0.1:<port>" limits
+    that port's requests (their scope and download_slot are the netloc); another host on
+    the same port keeps the defaults."""
+    netloc = f"{HOST}:{mock_site.port}"
+    other = "127.0.0.2"
+    urls = pages(mock_site, HOST, 4, delay=0.2) + pages(mock_site, other, 4, delay=0.2)
+    settings = {**SLOTKIT, table: {netloc: {"concurrency": 1}}}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 8
+    assert mock_site.recorder.max_in_flight[HOST] == 1
+    assert mock_site.recorder.max_in_flight[other] > 1
+    slots = {r.url.split("/")[2]: r.download_slot for r in result.responses}
+    assert slots[netloc] == netloc
+    assert slots[f"{other}:{mock_site.port}"] == other
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_reaches_a_scope_named_host_port(mock_site: MockSite) -> None:
+    """robots.txt's Crawl-delay applies to a site whose entry is keyed by its netloc."""
+    mock_site.set_robots(HOST, f"User-agent: *\nCrawl-delay: {CRAWL_DELAY}\n")
+    netloc = f"{HOST}:{mock_site.port}"
+    settings = {
+        **SLOTKIT,
+        "ROBOTSTXT_OBEY": True,
+        "THROTTLING_SCOPES": {netloc: {"ignore_robots_txt": False}},
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4, delay=0.05))
+    assert len(result.responses) == 4
+    arrivals = mock_site.recorder.arrivals(HOST, path_prefix="/page")
+    assert min(b - a for a, b in pairwise(arrivals)) >= CRAWL_DELAY - 0.01

@@ -620,21 +620,17 @@ def test_a_servers_request_count_is_not_applied_to_a_cost_scope():
     assert backoff["a.example"].remaining == 3.0
 
 
-def test_an_entry_keyed_host_and_port_is_pointed_out(caplog):
-    """Default scopes are host names: a 'host:port' entry would silently never apply."""
+def test_an_entry_keyed_host_and_port_names_that_ports_scope(caplog):
+    """Default scopes are host names, but an entry keyed 'host:port' (as the spec's
+    recipes name sites) gives that port's requests their own scope, without a warning."""
     with caplog.at_level("WARNING", logger="slotkit"):
-        make_downloader({"THROTTLING_SCOPES": {"127.0.0.1:8801": {"delay": 1.0}}})
-    assert "THROTTLING_SCOPES['127.0.0.1:8801']" in caplog.text
-    assert "Did you mean '127.0.0.1'?" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="slotkit"):  # a custom manager may name them
-        make_downloader(
-            {
-                "THROTTLING_SCOPES": {"127.0.0.1:8801": {"delay": 1.0}},
-                "THROTTLING_MANAGER": "tests.test_downloader_unit.AsyncManager",
-            }
-        )
-    assert "Did you mean" not in caplog.text
+        downloader, _ = make_downloader({"THROTTLING_SCOPES": {"127.0.0.1:8801": {"delay": 1.0}}})
+    assert "127.0.0.1:8801" not in caplog.text
+    assert downloader.get_slot_key(Request("http://127.0.0.1:8801/a")) == "127.0.0.1:8801"
+    assert downloader.get_slot_key(Request("http://user:pw@127.0.0.1:8801/a")) == "127.0.0.1:8801"
+    assert downloader.get_slot_key(Request("http://127.0.0.1:8802/a")) == "127.0.0.1"
+    assert downloader.get_slot_key(Request("http://127.0.0.1/a")) == "127.0.0.1"
+    assert downloader.scope_config("127.0.0.1:8801").delay == 1.0
 
 
 def test_schedulers_see_the_address_scope_of_a_request_with_meta_scopes():
