@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet.interfaces import IReactorTime
 
+    from slotkit.dns import AddressLookups
     from slotkit.gate import Gate
     from slotkit.persistence import ScopeStateStore
     from slotkit.registry import ScopeRegistry
@@ -62,6 +63,7 @@ class SpiderClosing:
     _store: ScopeStateStore | None
     _saved: dict[str, dict[str, float]]
     _closing_reason: str | None
+    _lookups: AddressLookups | None
     #: Set as the spider closes: requests cut off at the gate go back to the scheduler.
     _requeue_at_close: bool = False
 
@@ -90,6 +92,9 @@ class SpiderClosing:
         self._closing_reason = reason
         self._requeue_at_close = self._store is not None
         waiting = [waiter.request for waiter in self.gate.waiting]
+        if self._lookups is not None:
+            # Requests still waiting for an address lookup meet the closed gate next.
+            waiting += self._lookups.close()
         self._save_states()
         if waiting:
             logger.info(

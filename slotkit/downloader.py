@@ -103,7 +103,11 @@ class Downloader(ScopeControl, SpiderClosing):
         self.total_concurrency = self.config.total_concurrency
         self.domain_concurrency = self.config.domain_concurrency
         self.ip_concurrency = self.config.ip_concurrency
-        self._lookups = AddressLookups(self._clock) if self.ip_concurrency else None
+        self._lookups = (
+            AddressLookups(self._clock, crawler.settings.getfloat("DNS_TIMEOUT", 60.0))
+            if self.ip_concurrency
+            else None
+        )
         self._default_delay: float | None = None
         self._kind_hints: dict[str, str] = dict.fromkeys(self.config.slots, DOMAIN)
         self.stats = ThrottlingStats(crawler.stats, self.config.warn_threshold)
@@ -193,6 +197,8 @@ class Downloader(ScopeControl, SpiderClosing):
         """Fail what still waits at the gate, cancel every timer, save states to JOBDIR."""
         reason = f"the spider closed ({self._closing_reason})" if self._closing_reason else None
         self._save_states()
+        if self._lookups is not None:
+            self._lookups.close()
         self.gate.close(list(self.registry.values()), reason or "the downloader closed")
         self.status.stop()
         self.stats.set("scopes_alive", len(self.slots))
@@ -241,7 +247,7 @@ class Downloader(ScopeControl, SpiderClosing):
             if host and lookups.needed(host) and not request.meta.get("proxy"):
                 # CONCURRENT_REQUESTS_PER_IP: know the address before the first
                 # request to a host goes, not once its connection filled the cache.
-                await maybe_deferred_to_future(lookups.lookup(host))
+                await maybe_deferred_to_future(lookups.lookup(host, request))
         if self._default_get_scopes:
             # The stock manager's answer needs neither its awaitable wrapper nor a check.
             raw = self.manager._default_scopes(request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scrapy import Request
 from scrapy.resolver import dnscache
 from twisted.internet.defer import Deferred
 from twisted.internet.error import DNSLookupError
@@ -12,10 +13,11 @@ from twisted.internet.task import Clock
 from slotkit.dns import AddressLookups, cached_ip
 
 
-class Resolving:
+class Resolving(Clock):
     """A reactor stand-in whose ``resolve`` answers when the test says so."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.asked: list[str] = []
         self.pending: dict[str, Deferred[str]] = {}
 
@@ -66,3 +68,41 @@ def test_a_failed_lookup_is_not_repeated_and_never_fails_the_waiter() -> None:
 def test_without_a_resolver_nothing_is_looked_up() -> None:
     """A test clock (or a loop without resolve()) leaves IP scopes to Scrapy's cache."""
     assert not AddressLookups(Clock()).needed("a.example.test")
+
+
+class SilentReactor(Clock):
+    """A Clock whose resolver never answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def resolve(self, name: str, timeout: Any = ()) -> Deferred[str]:
+        self.asked.append(name)
+        return Deferred()
+
+
+def test_a_lookup_never_answered_gives_up_after_the_dns_timeout() -> None:
+    reactor = SilentReactor()
+    lookups = AddressLookups(reactor, timeout=5.0)
+    fired: list[Any] = []
+    lookups.lookup("slow.example.test").addBoth(fired.append)
+    reactor.advance(4.9)
+    assert fired == []
+    reactor.advance(0.1)
+    assert fired == [None]
+    assert not lookups.needed("slow.example.test")
+    assert reactor.getDelayedCalls() == []
+
+
+def test_close_lets_every_waiting_request_go_and_names_them() -> None:
+    reactor = SilentReactor()
+    lookups = AddressLookups(reactor, timeout=60.0)
+    first, second = Request("http://a.example.test/1"), Request("http://a.example.test/2")
+    fired: list[Any] = []
+    lookups.lookup("a.example.test", first).addBoth(fired.append)
+    lookups.lookup("a.example.test", second).addBoth(fired.append)
+    assert lookups.close() == [first, second]
+    assert fired == [None, None]
+    assert reactor.getDelayedCalls() == []
+    assert lookups.close() == []

@@ -112,3 +112,60 @@ async def test_a_name_that_does_not_resolve_ends_with_scrapys_dns_error(
         reactor.installResolver(old)  # type: ignore[attr-defined]
     assert not result.responses
     assert [error.type for error in result.errors] == ["CannotResolveHostError"]  # Scrapy 2.19
+
+
+@implementer(IResolverSimple)
+class _Silent:
+    """An IResolverSimple that never answers (a resolver stuck on a dead server)."""
+
+    def getHostByName(self, name: str, timeout: Any = ()) -> Deferred[str]:
+        return Deferred()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_resolver_that_never_answers_holds_nothing_for_ever(mock_site: MockSite) -> None:
+    """The address lookup gives up after DNS_TIMEOUT, and the request then ends as its
+    download would without slotkit (here: DOWNLOAD_TIMEOUT), exactly once."""
+    from twisted.internet import reactor
+
+    settings: dict[str, Any] = {
+        "DOWNLOADER": "slotkit.Downloader",
+        "CONCURRENT_REQUESTS_PER_IP": 2,
+        "RETRY_ENABLED": False,
+        "DNS_TIMEOUT": 0.3,
+        "DOWNLOAD_TIMEOUT": 0.5,
+    }
+    url = f"http://silent.example.test:{mock_site.port}/page/1"
+    old = reactor.resolver  # type: ignore[attr-defined]
+    reactor.installResolver(_Silent())  # type: ignore[attr-defined]
+    try:
+        result = await run_crawl(ListSpider, settings, urls=[url], crawl_timeout=20.0)
+    finally:
+        reactor.installResolver(old)  # type: ignore[attr-defined]
+    assert result.finish_reason == "finished"
+    assert not result.responses
+    assert len(result.errors) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_closing_spider_does_not_wait_for_a_lookup(mock_site: MockSite) -> None:
+    """CLOSESPIDER_TIMEOUT while a lookup hangs: the request ends at once (it never
+    reached the gate's queue, so it meets the closed gate), and the crawl closes."""
+    from twisted.internet import reactor
+
+    settings: dict[str, Any] = {
+        "DOWNLOADER": "slotkit.Downloader",
+        "CONCURRENT_REQUESTS_PER_IP": 2,
+        "DNS_TIMEOUT": 60,
+        "CLOSESPIDER_TIMEOUT": 0.5,
+    }
+    url = f"http://silent.example.test:{mock_site.port}/page/1"
+    old = reactor.resolver  # type: ignore[attr-defined]
+    reactor.installResolver(_Silent())  # type: ignore[attr-defined]
+    try:
+        result = await run_crawl(ListSpider, settings, urls=[url], crawl_timeout=20.0)
+    finally:
+        reactor.installResolver(old)  # type: ignore[attr-defined]
+    assert result.finish_reason == "closespider_timeout"
+    assert [error.type for error in result.errors] == ["GateClosedError"]
+    assert result.stats["throttling/requests_unsent_at_close"] == 1
