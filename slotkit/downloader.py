@@ -104,7 +104,7 @@ class Downloader(ScopeControl, SpiderClosing):
         self.domain_concurrency = self.config.domain_concurrency
         self.ip_concurrency = self.config.ip_concurrency
         self._lookups = (
-            AddressLookups(self._clock, crawler.settings.getfloat("DNS_TIMEOUT", 60.0))
+            AddressLookups(self._clock, _lookup_timeout(crawler.settings))
             if self.ip_concurrency
             else None
         )
@@ -388,6 +388,17 @@ class Downloader(ScopeControl, SpiderClosing):
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
+
+
+def _lookup_timeout(settings: Any) -> float:
+    """How long an address lookup may take: ``DNS_TIMEOUT``, but never longer
+    than ``DOWNLOAD_TIMEOUT``, which would have ended the download by then."""
+    timeouts = [
+        t
+        for t in (settings.getfloat("DNS_TIMEOUT", 60.0), settings.getfloat("DOWNLOAD_TIMEOUT"))
+        if t > 0
+    ]
+    return min(timeouts) if timeouts else 0.0
 
 
 def _request_delay(request: Request) -> float:

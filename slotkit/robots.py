@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.utils.httpobj import urlparse_cached
 
-from slotkit.scope_ids import netloc_of
+from slotkit.scope_ids import netloc_keys, netloc_of
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -121,6 +121,8 @@ class CrawlDelays:
         settings = crawler.settings
         self._user_agent = settings.get("ROBOTSTXT_USER_AGENT") or None
         self._default_agent = settings.get("USER_AGENT") or ""
+        #: Ports with a scope of their own (a ``host:port`` settings key).
+        self._netloc_sites = netloc_keys(settings)
         #: Site (host name) -> Crawl-delay in seconds, already capped.
         self.delays: dict[str, float] = {}
         self._warned: set[str] = set()
@@ -152,8 +154,11 @@ class CrawlDelays:
                 self._max_delay,
             )
             delay = self._max_delay
-        # The host's scope, and its host:port scope for a port that has its own entry.
-        for scope_id in {site, netloc_of(urlparse_cached(request).netloc)}:
+        # robots.txt belongs to one port: a port with a scope of its own takes it
+        # alone; otherwise the host's scope (shared by its ports, like Scrapy's
+        # slots) and a host:port scope a custom manager may name.
+        netloc = netloc_of(urlparse_cached(request).netloc)
+        for scope_id in {netloc} if netloc in self._netloc_sites else {site, netloc}:
             self.delays[scope_id] = delay
             self._on_delay(scope_id, delay)
 

@@ -39,6 +39,8 @@ SLOTKIT_SETTINGS = frozenset(
         "BACKOFF_RESEND",
         "BACKOFF_RESEND_TIMEOUT",
         "BACKOFF_WINDOW",
+        # Scrapy 2.19 dropped it from its defaults; slotkit (and the spec) read it.
+        "CONCURRENT_REQUESTS_PER_IP",
         "DELAYED_REQUESTS_WARN_THRESHOLD",
         "RAMPUP_BACKOFF_TARGET",
         "THROTTLING_DEBUG",

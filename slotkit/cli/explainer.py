@@ -138,8 +138,14 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
     explained = []
     for index, (scope_id, amount) in enumerate(scopes.items()):
         # Mirror the downloader: DOWNLOAD_SLOTS keys, a user's download_slot and
-        # the request's own host (even a single-label one) are domain-like.
-        site_like = scope_id in config.slots or scope_id in (user_slot, host)
+        # a single-label host of the request are domain-like; anything else is
+        # what its id says (an address in the URL is an IP scope, whose
+        # default is CONCURRENT_REQUESTS_PER_IP when that is on).
+        site_like = (
+            scope_id in config.slots
+            or scope_id == user_slot
+            or (scope_id == host and "." not in scope_id)
+        )
         kind = DOMAIN if site_like else scope_kind(scope_id)
         explained.append(_explain_scope(context, scope_id, kind, index == 0, amount))
 

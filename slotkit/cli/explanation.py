@@ -105,4 +105,16 @@ def _downloader_note(context: ExplainContext) -> list[str]:
     ]
 
 
-NOTE_PROVIDERS.extend([_downloader_note, _robots_note, _autothrottle_note])
+def _per_ip_note(context: ExplainContext) -> list[str]:
+    limit = context.config.ip_concurrency
+    if not limit:
+        return []
+    return [
+        f"CONCURRENT_REQUESTS_PER_IP is {limit}: a request whose host is a name also "
+        "gets its address as a scope (limit {limit}), looked up once at crawl time "
+        "before the host's first request; shown above only if the address is already "
+        "in Scrapy's DNS cache.".replace("{limit}", str(limit))
+    ]
+
+
+NOTE_PROVIDERS.extend([_downloader_note, _robots_note, _autothrottle_note, _per_ip_note])
