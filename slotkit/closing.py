@@ -93,8 +93,7 @@ class SpiderClosing:
         self._requeue_at_close = self._store is not None
         waiting = [waiter.request for waiter in self.gate.waiting]
         if self._lookups is not None:
-            # Requests still waiting for an address lookup meet the closed gate next.
-            waiting += self._lookups.close()
+            waiting += self._lookups.waiting_requests()
         self._save_states()
         if waiting:
             logger.info(
@@ -106,6 +105,10 @@ class SpiderClosing:
             )
             self.stats.inc("requests_unsent_at_close", len(waiting))
         self.gate.close(list(self.registry.values()), f"the spider closed ({reason})")
+        if self._lookups is not None:
+            # Only now: on a plain Twisted reactor a released request resumes at
+            # once, and must find the gate already closed.
+            self._lookups.close()
 
     def _save_states(self) -> None:
         if self._store is None:

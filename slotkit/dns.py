@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy.resolver import dnscache
 from scrapy.utils.datatypes import LocalCache
 from twisted.internet.defer import Deferred
+from twisted.internet.error import DNSLookupError
+from twisted.internet.interfaces import IResolutionReceiver
+from zope.interface import implementer
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -70,6 +73,11 @@ class AddressLookups:
 
     def __init__(self, reactor: Any, timeout: float = 60.0) -> None:
         self._reactor = reactor
+        # The name resolver first, asking for every address family: Scrapy's
+        # CachingHostnameResolver caches whatever it is asked, and an IPv4-only
+        # question (what reactor.resolve() asks) would leave its cache, and so
+        # every later connection to the host, without the IPv6 addresses.
+        self._name_resolver = getattr(reactor, "nameResolver", None)
         self._resolve = getattr(reactor, "resolve", None)
         self._timeout = timeout
         self._pending: dict[str, list[Deferred[None]]] = {}
@@ -80,7 +88,11 @@ class AddressLookups:
 
     def needed(self, host: str) -> bool:
         """Whether *host* has no known address and no lookup has failed for it."""
-        return self._resolve is not None and host not in self._failed and cached_ip(host) is None
+        return (
+            (self._name_resolver is not None or self._resolve is not None)
+            and host not in self._failed
+            and cached_ip(host) is None
+        )
 
     def lookup(self, host: str, request: Request | None = None) -> Deferred[None]:
         """Fire (with ``None``, never failing) once *host*'s address is known or unknowable.
@@ -96,9 +108,8 @@ class AddressLookups:
             waiting.append(done)
             return done
         self._pending[host] = [done]
-        assert self._resolve is not None
         try:
-            resolving: Deferred[str] = self._resolve(host)
+            resolving = self._start(host)
         except Exception as exc:  # a resolver that raises instead of failing its Deferred
             self._finish(host, None, exc)
             return done
@@ -116,12 +127,25 @@ class AddressLookups:
         )
         return done
 
+    def _start(self, host: str) -> Deferred[str]:
+        if self._name_resolver is not None:
+            receiver = _FirstAddress(host)
+            self._name_resolver.resolveHostName(receiver, host, 0, None)
+            return receiver.deferred
+        assert self._resolve is not None
+        return self._resolve(host)  # type: ignore[no-any-return]
+
+    def waiting_requests(self) -> list[Request]:
+        """The requests waiting for a lookup now."""
+        return list(self._waiting.values())
+
     def close(self) -> list[Request]:
         """Let every request still waiting for a lookup go on (the crawl is closing).
 
-        Returns those requests; they meet the closed gate next.
+        Returns those requests. Close the gate first: on a plain Twisted
+        reactor they resume inside this call.
         """
-        released = list(self._waiting.values())
+        released = self.waiting_requests()
         for host in list(self._pending):
             self._finish(host, None, RuntimeError("the downloader closed"))
         return released
@@ -145,3 +169,26 @@ class AddressLookups:
         for done in waiting:
             if not done.called:
                 done.callback(None)
+
+
+@implementer(IResolutionReceiver)
+class _FirstAddress:
+    """Receives a host name's addresses; its Deferred fires with the first one."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.deferred: Deferred[str] = Deferred()
+        self._first: str | None = None
+
+    def resolutionBegan(self, resolutionInProgress: Any) -> None:  # noqa: N802, N803
+        pass
+
+    def addressResolved(self, address: Any) -> None:  # noqa: N802
+        if self._first is None:
+            self._first = getattr(address, "host", None)
+
+    def resolutionComplete(self) -> None:  # noqa: N802
+        if self._first:
+            self.deferred.callback(self._first)
+        else:
+            self.deferred.errback(DNSLookupError(f"no address for {self.host}"))

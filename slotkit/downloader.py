@@ -197,9 +197,9 @@ class Downloader(ScopeControl, SpiderClosing):
         """Fail what still waits at the gate, cancel every timer, save states to JOBDIR."""
         reason = f"the spider closed ({self._closing_reason})" if self._closing_reason else None
         self._save_states()
-        if self._lookups is not None:
-            self._lookups.close()
         self.gate.close(list(self.registry.values()), reason or "the downloader closed")
+        if self._lookups is not None:
+            self._lookups.close()  # after the gate: what it releases must meet it closed
         self.status.stop()
         self.stats.set("scopes_alive", len(self.slots))
         recoveries = self._evicted_recoveries + sum(

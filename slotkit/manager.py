@@ -125,10 +125,13 @@ class ThrottlingManager:
             return str(slot)
         parsed = urlparse_cached(request)
         host = parsed.hostname or ""
-        if self._netloc_sites and netloc_of(parsed.netloc) in self._netloc_sites:
+        netloc_site = (
+            self._netloc_sites.get(netloc_of(parsed.netloc)) if self._netloc_sites else None
+        )
+        if netloc_site is not None:
             # A THROTTLING_SCOPES / DOWNLOAD_SLOTS entry named "host:port" (the
             # spec's recipes name sites by netloc): that port's requests get it.
-            site = netloc_of(parsed.netloc)
+            site = netloc_site
         else:
             site = registrable_domain(host) if self._registrable else host
         if self._per_ip:

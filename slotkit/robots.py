@@ -158,7 +158,8 @@ class CrawlDelays:
         # alone; otherwise the host's scope (shared by its ports, like Scrapy's
         # slots) and a host:port scope a custom manager may name.
         netloc = netloc_of(urlparse_cached(request).netloc)
-        for scope_id in {netloc} if netloc in self._netloc_sites else {site, netloc}:
+        own_scope = self._netloc_sites.get(netloc)
+        for scope_id in {own_scope} if own_scope is not None else {site, netloc}:
             self.delays[scope_id] = delay
             self._on_delay(scope_id, delay)
 

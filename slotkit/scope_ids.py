@@ -103,21 +103,24 @@ def netloc_of(netloc: str) -> str:
     return netloc.rpartition("@")[2].lower()
 
 
-def netloc_keys(settings: Any) -> frozenset[str]:
-    """The ``THROTTLING_SCOPES`` and ``DOWNLOAD_SLOTS`` keys that name a ``host:port``.
+def netloc_keys(settings: Any) -> dict[str, str]:
+    """The ``THROTTLING_SCOPES`` / ``DOWNLOAD_SLOTS`` keys naming a ``host:port``, by netloc.
 
     Default scopes are host names, as Scrapy's slots are, but the spec's
     recipes name sites by ``netloc``: a request to a port named so gets that
-    entry's scope instead of its host's.
+    entry's scope (the key as written) instead of its host's. Maps the
+    lower-case netloc to the key.
     """
-    keys: set[str] = set()
+    keys: dict[str, str] = {}
     for name in ("THROTTLING_SCOPES", "DOWNLOAD_SLOTS"):
         try:
             table = settings.getdict(name)
         except (TypeError, ValueError):
             continue  # validated (and reported) by the downloader's settings
-        keys.update(key.lower() for key in table if isinstance(key, str) and host_of_netloc(key))
-    return frozenset(keys)
+        for key in table:
+            if isinstance(key, str) and host_of_netloc(key):
+                keys.setdefault(key.lower(), key)
+    return keys
 
 
 def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str, float | None]:

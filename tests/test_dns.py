@@ -6,6 +6,7 @@ from typing import Any
 
 from scrapy import Request
 from scrapy.resolver import dnscache
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred
 from twisted.internet.error import DNSLookupError
 from twisted.internet.task import Clock
@@ -106,3 +107,38 @@ def test_close_lets_every_waiting_request_go_and_names_them() -> None:
     assert fired == [None, None]
     assert reactor.getDelayedCalls() == []
     assert lookups.close() == []
+
+
+class NameResolving(Clock):
+    """A reactor stand-in with an IHostnameResolver, as Scrapy's CachingHostnameResolver."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[str, Any]] = []
+        self.nameResolver = self
+
+    def resolveHostName(  # noqa: N802
+        self,
+        receiver: Any,
+        hostName: str,
+        portNumber: int = 0,
+        addressTypes: Any = None,  # noqa: N803
+    ) -> Any:
+        self.asked.append((hostName, addressTypes))
+        receiver.resolutionBegan(None)
+        receiver.addressResolved(IPv6Address("TCP", "::5", 0))
+        receiver.addressResolved(IPv4Address("TCP", "10.0.0.5", 0))
+        receiver.resolutionComplete()
+        return None
+
+
+def test_the_name_resolver_is_asked_for_every_address_family() -> None:
+    """An IPv4-only question would leave a caching name resolver's cache (and so the
+    host's later connections) without its IPv6 addresses."""
+    reactor = NameResolving()
+    lookups = AddressLookups(reactor)
+    fired: list[Any] = []
+    lookups.lookup("dual.example.test").addBoth(fired.append)
+    assert reactor.asked == [("dual.example.test", None)]
+    assert fired == [None]
+    assert cached_ip("dual.example.test") == "::5"

@@ -631,6 +631,10 @@ def test_an_entry_keyed_host_and_port_names_that_ports_scope(caplog):
     assert downloader.get_slot_key(Request("http://127.0.0.1:8802/a")) == "127.0.0.1"
     assert downloader.get_slot_key(Request("http://127.0.0.1/a")) == "127.0.0.1"
     assert downloader.scope_config("127.0.0.1:8801").delay == 1.0
+    upper, _ = make_downloader({"THROTTLING_SCOPES": {"Example.com:8080": {"delay": 3.0}}})
+    key = upper.get_slot_key(Request("http://example.com:8080/a"))
+    assert key == "Example.com:8080"  # the entry's own key, so its settings apply
+    assert upper.scope_config(key).delay == 3.0
 
 
 def test_schedulers_see_the_address_scope_of_a_request_with_meta_scopes():

@@ -13,7 +13,7 @@ from twisted.internet.interfaces import IResolverSimple
 from zope.interface import implementer
 
 from slotkit import ThrottlingManager
-from tests.crawl import ListSpider, run_crawl
+from tests.crawl import EPOLL_REACTOR, ListSpider, run_crawl, run_crawl_subprocess
 from tests.server import MockSite
 
 pytestmark = pytest.mark.integration
@@ -169,3 +169,30 @@ async def test_a_closing_spider_does_not_wait_for_a_lookup(mock_site: MockSite) 
     assert result.finish_reason == "closespider_timeout"
     assert [error.type for error in result.errors] == ["GateClosedError"]
     assert result.stats["throttling/requests_unsent_at_close"] == 1
+
+
+def install_silent_resolver(site: MockSite) -> None:
+    """``site_setup`` hook of a subprocess crawl: its reactor's resolver never answers."""
+    from twisted.internet import reactor
+
+    reactor.installResolver(_Silent())  # type: ignore[attr-defined]
+
+
+def test_on_a_plain_twisted_reactor_a_request_released_at_close_is_not_sent() -> None:
+    """There a released lookup resumes the request at once: the gate must already be
+    closed, or the request would be downloaded by a closing spider."""
+    data = run_crawl_subprocess(
+        reactor=EPOLL_REACTOR,
+        settings={
+            "DOWNLOADER": "slotkit.Downloader",
+            "CONCURRENT_REQUESTS_PER_IP": 2,
+            "DNS_TIMEOUT": 60,
+            "CLOSESPIDER_TIMEOUT": 0.5,
+        },
+        spider_kwargs={"urls": ["http://silent.example.test:{port}/page/1"]},
+        site_setup="tests.test_per_ip.install_silent_resolver",
+    )
+    assert data["reactor"] == EPOLL_REACTOR
+    assert data["responses"] == []
+    assert [error["type"] for error in data["errors"]] == ["GateClosedError"]
+    assert data["stats"]["throttling/requests_unsent_at_close"] == 1
