@@ -243,8 +243,14 @@ class Downloader(ScopeControl, SpiderClosing):
         """
         lookups = self._lookups
         if lookups is not None:
-            host = urlparse_cached(request).hostname
-            if host and lookups.needed(host) and not request.meta.get("proxy"):
+            parsed = urlparse_cached(request)
+            host = parsed.hostname
+            if (
+                host
+                and parsed.scheme in _LOOKED_UP_SCHEMES
+                and lookups.needed(host)
+                and not request.meta.get("proxy")
+            ):
                 # CONCURRENT_REQUESTS_PER_IP: know the address before the first
                 # request to a host goes, not once its connection filled the cache.
                 await maybe_deferred_to_future(lookups.lookup(host, request))
@@ -388,6 +394,11 @@ class Downloader(ScopeControl, SpiderClosing):
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
+
+
+#: Schemes whose downloads connect to the URL's host (``s3://``, ``data:``,
+#: ``file://`` and test handlers do not: nothing to look up for them).
+_LOOKED_UP_SCHEMES = frozenset({"http", "https", "ftp"})
 
 
 def _lookup_timeout(settings: Any) -> float:
