@@ -82,6 +82,20 @@ async def test_the_address_limit_holds_from_a_hosts_first_request(mock_site: Moc
     assert mock_site.recorder.max_concurrency() == 2
 
 
+async def crawl_with_resolver(
+    resolver: Any, settings: dict[str, Any], url: str, **kwargs: Any
+) -> Any:
+    """One crawl of *url* with *resolver* installed on the reactor, restored after."""
+    from twisted.internet import reactor
+
+    old = reactor.resolver  # type: ignore[attr-defined]
+    reactor.installResolver(resolver)  # type: ignore[attr-defined]
+    try:
+        return await run_crawl(ListSpider, settings, urls=[url], **kwargs)
+    finally:
+        reactor.installResolver(old)  # type: ignore[attr-defined]
+
+
 @implementer(IResolverSimple)
 class _NoSuchName:
     """An IResolverSimple that knows no name, at once (no network in tests)."""
@@ -96,20 +110,13 @@ async def test_a_name_that_does_not_resolve_ends_with_scrapys_dns_error(
 ) -> None:
     """The lookup failing is not slotkit's business: the request goes on and its
     download fails as it would without slotkit, once."""
-    from twisted.internet import reactor
-
     settings: dict[str, Any] = {
         "DOWNLOADER": "slotkit.Downloader",
         "CONCURRENT_REQUESTS_PER_IP": 2,
         "RETRY_ENABLED": False,
     }
     url = f"http://nowhere.example.test:{mock_site.port}/page/1"
-    old = reactor.resolver  # type: ignore[attr-defined]
-    reactor.installResolver(_NoSuchName())  # type: ignore[attr-defined]
-    try:
-        result = await run_crawl(ListSpider, settings, urls=[url])
-    finally:
-        reactor.installResolver(old)  # type: ignore[attr-defined]
+    result = await crawl_with_resolver(_NoSuchName(), settings, url)
     assert not result.responses
     assert [error.type for error in result.errors] == ["CannotResolveHostError"]  # Scrapy 2.19
 
@@ -126,8 +133,6 @@ class _Silent:
 async def test_a_resolver_that_never_answers_holds_nothing_for_ever(mock_site: MockSite) -> None:
     """The address lookup gives up after DNS_TIMEOUT, and the request then ends as its
     download would without slotkit (here: DOWNLOAD_TIMEOUT), exactly once."""
-    from twisted.internet import reactor
-
     settings: dict[str, Any] = {
         "DOWNLOADER": "slotkit.Downloader",
         "CONCURRENT_REQUESTS_PER_IP": 2,
@@ -136,12 +141,7 @@ async def test_a_resolver_that_never_answers_holds_nothing_for_ever(mock_site: M
         "DOWNLOAD_TIMEOUT": 0.5,
     }
     url = f"http://silent.example.test:{mock_site.port}/page/1"
-    old = reactor.resolver  # type: ignore[attr-defined]
-    reactor.installResolver(_Silent())  # type: ignore[attr-defined]
-    try:
-        result = await run_crawl(ListSpider, settings, urls=[url], crawl_timeout=20.0)
-    finally:
-        reactor.installResolver(old)  # type: ignore[attr-defined]
+    result = await crawl_with_resolver(_Silent(), settings, url, crawl_timeout=20.0)
     assert result.finish_reason == "finished"
     assert not result.responses
     assert len(result.errors) == 1
@@ -151,8 +151,6 @@ async def test_a_resolver_that_never_answers_holds_nothing_for_ever(mock_site: M
 async def test_a_closing_spider_does_not_wait_for_a_lookup(mock_site: MockSite) -> None:
     """CLOSESPIDER_TIMEOUT while a lookup hangs: the request ends at once (it never
     reached the gate's queue, so it meets the closed gate), and the crawl closes."""
-    from twisted.internet import reactor
-
     settings: dict[str, Any] = {
         "DOWNLOADER": "slotkit.Downloader",
         "CONCURRENT_REQUESTS_PER_IP": 2,
@@ -160,12 +158,7 @@ async def test_a_closing_spider_does_not_wait_for_a_lookup(mock_site: MockSite) 
         "CLOSESPIDER_TIMEOUT": 0.5,
     }
     url = f"http://silent.example.test:{mock_site.port}/page/1"
-    old = reactor.resolver  # type: ignore[attr-defined]
-    reactor.installResolver(_Silent())  # type: ignore[attr-defined]
-    try:
-        result = await run_crawl(ListSpider, settings, urls=[url], crawl_timeout=20.0)
-    finally:
-        reactor.installResolver(old)  # type: ignore[attr-defined]
+    result = await crawl_with_resolver(_Silent(), settings, url, crawl_timeout=20.0)
     assert result.finish_reason == "closespider_timeout"
     assert [error.type for error in result.errors] == ["GateClosedError"]
     assert result.stats["throttling/requests_unsent_at_close"] == 1
