@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.resolver import dnscache
 from scrapy.utils.datatypes import LocalCache
+from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 from twisted.internet.error import DNSLookupError
 from twisted.internet.interfaces import IResolutionReceiver
@@ -58,6 +59,11 @@ def _address(entry: Any) -> str | None:
     return None
 
 
+#: Schemes whose downloads connect to the URL's host (``s3://``, ``data:``,
+#: ``file://`` and test handlers do not: nothing to look up for them).
+_LOOKED_UP_SCHEMES = frozenset({"http", "https", "ftp"})
+
+
 class AddressLookups:
     """Looks up the addresses of hosts not in any cache yet, once per host.
 
@@ -85,6 +91,34 @@ class AddressLookups:
         self._waiting: dict[Deferred[None], Request] = {}
         #: Hosts whose lookup failed in this crawl (not retried; their downloads say why).
         self._failed: set[str] = set()
+
+    @classmethod
+    def for_crawl(cls, reactor: Any, settings: Any) -> AddressLookups:
+        """Lookups for a crawl: they wait ``DNS_TIMEOUT``, but never longer than
+        ``DOWNLOAD_TIMEOUT``, which would have ended the download by then."""
+        timeouts = [
+            t
+            for t in (settings.getfloat("DNS_TIMEOUT", 60.0), settings.getfloat("DOWNLOAD_TIMEOUT"))
+            if t > 0
+        ]
+        return cls(reactor, min(timeouts) if timeouts else 0.0)
+
+    def lookup_for(self, request: Request) -> Deferred[None] | None:
+        """The lookup *request* must wait for before it gets its scopes, if any.
+
+        Only hosts its download would connect to: not other schemes, and not
+        through a proxy (which resolves the name itself).
+        """
+        parsed = urlparse_cached(request)
+        host = parsed.hostname
+        if (
+            host
+            and parsed.scheme in _LOOKED_UP_SCHEMES
+            and not request.meta.get("proxy")
+            and self.needed(host)
+        ):
+            return self.lookup(host, request)
+        return None
 
     def needed(self, host: str) -> bool:
         """Whether *host* has no known address and no lookup has failed for it."""

@@ -104,9 +104,7 @@ class Downloader(ScopeControl, SpiderClosing):
         self.domain_concurrency = self.config.domain_concurrency
         self.ip_concurrency = self.config.ip_concurrency
         self._lookups = (
-            AddressLookups(self._clock, _lookup_timeout(crawler.settings))
-            if self.ip_concurrency
-            else None
+            AddressLookups.for_crawl(self._clock, crawler.settings) if self.ip_concurrency else None
         )
         self._default_delay: float | None = None
         self._kind_hints: dict[str, str] = dict.fromkeys(self.config.slots, DOMAIN)
@@ -241,19 +239,12 @@ class Downloader(ScopeControl, SpiderClosing):
            :mod:`slotkit.resend`). The signals match the stock downloader's:
            reached once, downloaded per transfer, left once.
         """
-        lookups = self._lookups
-        if lookups is not None:
-            parsed = urlparse_cached(request)
-            host = parsed.hostname
-            if (
-                host
-                and parsed.scheme in _LOOKED_UP_SCHEMES
-                and lookups.needed(host)
-                and not request.meta.get("proxy")
-            ):
-                # CONCURRENT_REQUESTS_PER_IP: know the address before the first
-                # request to a host goes, not once its connection filled the cache.
-                await maybe_deferred_to_future(lookups.lookup(host, request))
+        if self._lookups is not None:
+            # CONCURRENT_REQUESTS_PER_IP: know the address before the first
+            # request to a host goes, not once its connection filled the cache.
+            lookup = self._lookups.lookup_for(request)
+            if lookup is not None:
+                await maybe_deferred_to_future(lookup)
         if self._default_get_scopes:
             # The stock manager's answer needs neither its awaitable wrapper nor a check.
             raw = self.manager._default_scopes(request)
@@ -394,22 +385,6 @@ class Downloader(ScopeControl, SpiderClosing):
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
-
-
-#: Schemes whose downloads connect to the URL's host (``s3://``, ``data:``,
-#: ``file://`` and test handlers do not: nothing to look up for them).
-_LOOKED_UP_SCHEMES = frozenset({"http", "https", "ftp"})
-
-
-def _lookup_timeout(settings: Any) -> float:
-    """How long an address lookup may take: ``DNS_TIMEOUT``, but never longer
-    than ``DOWNLOAD_TIMEOUT``, which would have ended the download by then."""
-    timeouts = [
-        t
-        for t in (settings.getfloat("DNS_TIMEOUT", 60.0), settings.getfloat("DOWNLOAD_TIMEOUT"))
-        if t > 0
-    ]
-    return min(timeouts) if timeouts else 0.0
 
 
 def _request_delay(request: Request) -> float:

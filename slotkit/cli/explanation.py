@@ -111,9 +111,9 @@ def _per_ip_note(context: ExplainContext) -> list[str]:
         return []
     return [
         f"CONCURRENT_REQUESTS_PER_IP is {limit}: a request whose host is a name also "
-        "gets its address as a scope (limit {limit}), looked up once at crawl time "
+        f"gets its address as a scope (limit {limit}), looked up once at crawl time "
         "before the host's first request; shown above only if the address is already "
-        "in Scrapy's DNS cache.".replace("{limit}", str(limit))
+        "in Scrapy's DNS cache."
     ]
 
 
