@@ -38,7 +38,8 @@ counts as ready, and the queue behaves like ``DownloaderAwarePriorityQueue``.
 The per-crawler readiness state (points 2 and 3) lives in
 :mod:`slotkit.pqueue_readiness` and one slot's sub-queue in
 :mod:`slotkit.pqueue_slot`; :class:`Readiness` and :func:`readiness_of` are
-re-exported here.
+re-exported here; quota shares (the third criterion of the order) are
+computed by :mod:`slotkit.pqueue_quota`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
 
+from slotkit.pqueue_quota import QuotaShares
 from slotkit.pqueue_readiness import Readiness, readiness_of
 from slotkit.pqueue_slot import _SlotQueue
 
@@ -109,9 +111,7 @@ class ThrottlingAwarePriorityQueue:
         self.key = key
         self.readiness = readiness_of(crawler, downloader)
         self.downloader = self.readiness.downloader
-        #: Some ``THROTTLING_SCOPES`` entry sets a quota, which a request naming
-        #: no amount may spend too (so every request may have a quota share).
-        self._quotas_configured = _any_quota_configured(self.downloader)
+        self._shares = QuotaShares(self.readiness)
         #: slot key -> that slot's priority queue (never empty).
         self.pqueues: dict[str, _SlotQueue] = {}
         #: slot key -> its next request and that request's scopes (asked once per head).
@@ -227,11 +227,7 @@ class ThrottlingAwarePriorityQueue:
         """
         known = self._heads.get(slot)
         scopes = known[1] if known is not None and known[0] is head else None
-        # Without configured quotas only requests that name amounts can have a share.
-        names_amounts = (
-            scopes is None or self._quotas_configured or any(v is not None for v in scopes.values())
-        )
-        share = self.quota_share(head, scopes) if names_amounts else 0.0
+        share = self._shares.share(head, scopes) if self._shares.may_have_share(scopes) else 0.0
         return (self.busy(slot), -head.priority, -share, self._served.get(slot, 0))
 
     def busy(self, slot: str) -> int:
@@ -247,48 +243,9 @@ class ThrottlingAwarePriorityQueue:
     def quota_share(
         self, request: Request, scopes: Mapping[str, float | None] | None = None
     ) -> float:
-        """The largest share of a scope's remaining quota that *request* would use.
-
-        ``0.0`` unless one of its scopes counts a quota. A request that names
-        no amount spends 1 unit, as its scope manager counts it. A scope
-        manager tells its remaining quota through a ``quota_available(now)``
-        method (slotkit's default manager has one), or a ``quota`` object
-        with ``remaining(now)``. A scope not created yet that will get
-        slotkit's default manager has its whole configured quota left.
-        *scopes*: the request's scopes, if already known.
-        """
-        if scopes is None:
-            scopes = self.readiness.scopes(request)
-        registry = getattr(self.downloader, "registry", None)
-        if not scopes or registry is None:
-            return 0.0
-        share = 0.0
-        now = self.readiness.now()
-        for scope_id, named in scopes.items():
-            amount = 1.0 if named is None else named  # what the scope manager counts
-            scope = registry.peek(scope_id)
-            if scope is not None:
-                available = _quota_available(scope.manager, now)
-            else:
-                available = self._configured_quota(scope_id)
-            if available is not None:
-                share = max(share, amount / available if available > 0 else math.inf)
-        return share
-
-    def _configured_quota(self, scope_id: str) -> float | None:
-        """The quota a scope not created yet will start with (``None``: none, or unknown).
-
-        Only for slotkit's default manager: a custom (or the shared) manager
-        reports no share once the scope exists, so guessing one before would
-        rank its requests ahead of live scopes' for no reason.
-        """
-        scope_config = getattr(self.downloader, "scope_config", None)
-        if scope_config is None:
-            return None
-        config = scope_config(scope_id)
-        if config.manager is not None or config.quota is None:
-            return None
-        return float(config.quota)
+        """The largest share of a scope's remaining quota that *request* would use
+        (see :meth:`slotkit.pqueue_quota.QuotaShares.share`)."""
+        return self._shares.share(request, scopes)
 
     def _choose(self, *, fallback: bool) -> tuple[str | None, float]:
         """The slot to pop from, or ``(None, seconds until the soonest one may be)``.
@@ -384,24 +341,3 @@ class ThrottlingAwarePriorityQueue:
     def _forget(self, slot: str) -> None:
         self._heads.pop(slot, None)
         self._due.pop(slot, None)
-
-
-def _any_quota_configured(downloader: Any) -> bool:
-    config = getattr(downloader, "config", None)
-    scopes = getattr(config, "scopes", None) or {}
-    return any(
-        isinstance(entry, Mapping) and entry.get("quota") is not None for entry in scopes.values()
-    )
-
-
-def _quota_available(manager: Any, now: float) -> float | None:
-    """The quota *manager* has left at *now*, or ``None`` if it counts none."""
-    method = getattr(manager, "quota_available", None)
-    if callable(method):
-        value = method(now)
-        return None if value is None else float(value)
-    quota = getattr(manager, "quota", None)
-    remaining = getattr(quota, "remaining", None)
-    if callable(remaining):
-        return float(remaining(now))
-    return None
