@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime
 import functools
 import gc
+import itertools
 import json
 import logging
 import os
@@ -50,9 +51,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from scrapy import Request, Spider, signals
+from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 from scrapy.crawler import Crawler, CrawlerRunner
 from scrapy.http import Response
 from scrapy.spidermiddlewares.httperror import HttpError
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IResolverSimple
@@ -65,6 +68,8 @@ from tests.server import DEFAULT_HOSTS, MockSite
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_SETTINGS: dict[str, Any] = {
+    # Scrapy's own HTTP handler, noting when each request reaches it.
+    "DOWNLOAD_HANDLERS": {"http": "tests.crawl.DispatchRecordingHandler"},
     "TELNETCONSOLE_ENABLED": False,
     "ROBOTSTXT_OBEY": False,
     "LOG_LEVEL": "DEBUG",
@@ -83,6 +88,31 @@ UNHANDLED_PATTERNS: tuple[str, ...] = (
     "Traceback (most recent call last)",
 )
 """Substrings that mark an error nobody handled (see CrawlResult.unhandled_errors)."""
+
+DispatchLog = list[tuple[str, str, float]]
+"""(host name, path, reactor time) of each request the download handler got."""
+
+
+class DispatchRecordingHandler(HTTP11DownloadHandler):
+    """Scrapy's HTTP/1.1 handler that notes when each request reaches it.
+
+    The handler is called when the downloader lets a request go, in the same
+    reactor turn, so these times are the downloader's dispatch times. Times
+    seen by the server are later by a varying amount (the test server shares
+    the crawl's reactor and waits for it on a busy machine), which made gap
+    assertions measured there flaky.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self._dispatches: DispatchLog = getattr(crawler, "_test_dispatches", [])
+
+    async def download_request(self, request: Request) -> Response:
+        from twisted.internet import reactor
+
+        url = urlparse_cached(request)
+        self._dispatches.append((url.hostname or "", url.path, cast(Any, reactor).seconds()))
+        return await super().download_request(request)
 
 
 def _now() -> float:
@@ -137,6 +167,18 @@ class CrawlResult:
     finished: float
     crawler: Crawler | None = field(default=None, repr=False)
     spider: Spider | None = field(default=None, repr=False)
+    dispatches: DispatchLog = field(default_factory=list, repr=False)
+    """Filled when the crawl used :class:`DispatchRecordingHandler` (the default)."""
+
+    def dispatch_times(self, host: str, path_prefix: str = "") -> list[float]:
+        """When the downloader let each request to ``host`` go (reactor seconds, sorted)."""
+        return sorted(t for h, p, t in self.dispatches if h == host and p.startswith(path_prefix))
+
+    def dispatch_gaps(self, host: str, path_prefix: str = "") -> list[float]:
+        """Seconds between consecutive dispatches to ``host``."""
+        times = self.dispatch_times(host, path_prefix)
+        assert times, f"no dispatch to {host} was recorded (DOWNLOAD_HANDLERS overridden?)"
+        return [b - a for a, b in itertools.pairwise(times)]
 
     @property
     def finish_reason(self) -> str | None:
@@ -381,6 +423,8 @@ async def run_crawl(
     r = cast(Any, reactor)
     runner = CrawlerRunner({**DEFAULT_SETTINGS, **dict(settings or {})})
     crawler = runner.create_crawler(spider_cls)
+    dispatches: DispatchLog = []
+    crawler._test_dispatches = dispatches  # type: ignore[attr-defined]
 
     items: list[Any] = []
 
@@ -436,6 +480,7 @@ async def run_crawl(
         finished=finished,
         crawler=crawler,
         spider=spider,
+        dispatches=dispatches,
     )
 
 

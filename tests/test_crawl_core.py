@@ -51,16 +51,13 @@ async def test_delay_is_a_minimum_gap_per_host(mock_site: MockSite) -> None:
     result = await run_crawl(ListSpider, {**SLOTKIT, "DOWNLOAD_DELAY": DELAY}, urls=urls)
     assert len(result.responses) == 10
     for host in ("127.0.0.1", "127.0.0.2"):
-        gaps = mock_site.recorder.gaps(host)
+        gaps = result.dispatch_gaps(host)
         assert len(gaps) == 4
-        # The first request to a host also sets up the handler and its
-        # connection (tens of ms, more on a busy machine), so the first gap
-        # seen by the server is shorter than the dispatch gap: bound the
-        # second arrival from the crawl's start instead. Later gaps carry
-        # ~1 ms of loopback jitter.
+        # Measured where the downloader lets requests go: the server sees
+        # them later by a varying amount (connection set-up, a busy reactor).
+        assert min(gaps) >= DELAY - 0.001
         assert mock_site.recorder.arrivals(host)[1] - before >= DELAY
-        assert min(gaps[1:]) >= DELAY - 0.01
-    first = {host: mock_site.recorder.arrivals(host)[0] for host in ("127.0.0.1", "127.0.0.2")}
+    first = {host: result.dispatch_times(host)[0] for host in ("127.0.0.1", "127.0.0.2")}
     assert abs(first["127.0.0.1"] - first["127.0.0.2"]) < DELAY
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -32,9 +31,7 @@ async def test_crawl_delay_paces_one_request_at_a_time(mock_site: MockSite) -> N
     settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
     result = await run_crawl(ListSpider, settings, urls=urls)
     assert len(result.responses) == 5
-    arrivals = mock_site.recorder.arrivals(HOST, path_prefix="/page")
-    gaps = [b - a for a, b in pairwise(arrivals)]
-    assert min(gaps) >= CRAWL_DELAY - 0.01
+    assert min(result.dispatch_gaps(HOST, path_prefix="/page")) >= CRAWL_DELAY - 0.001
     assert mock_site.recorder.max_in_flight[HOST] == 1
 
 
@@ -50,9 +47,8 @@ async def test_crawl_delay_is_a_floor_under_default_jitter(mock_site: MockSite) 
     settings = {"DOWNLOADER": "slotkit.Downloader", "ROBOTSTXT_OBEY": True}
     result = await run_crawl(ListSpider, settings, urls=urls)
     assert len(result.responses) == 6
-    arrivals = mock_site.recorder.arrivals(HOST)  # robots.txt first, then the pages
-    gaps = [b - a for a, b in pairwise(arrivals)]
-    assert min(gaps) >= CRAWL_DELAY - 0.01
+    gaps = result.dispatch_gaps(HOST)  # robots.txt first, then the pages
+    assert min(gaps) >= CRAWL_DELAY - 0.001
     assert max(gaps) <= CRAWL_DELAY * 1.5 + 0.1
 
 
@@ -63,8 +59,8 @@ async def test_crawl_delay_is_capped(mock_site: MockSite) -> None:
     settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "THROTTLING_ROBOTSTXT_MAX_DELAY": 0.2}
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 3))
     assert len(result.responses) == 3
-    gaps = [b - a for a, b in pairwise(mock_site.recorder.arrivals(HOST, path_prefix="/page"))]
-    assert min(gaps) >= 0.2 - 0.01
+    gaps = result.dispatch_gaps(HOST, path_prefix="/page")
+    assert min(gaps) >= 0.2 - 0.001
     assert max(gaps) < 1.0
     assert "THROTTLING_ROBOTSTXT_MAX_DELAY" in result.log_text
 
@@ -290,5 +286,4 @@ async def test_crawl_delay_reaches_a_scope_named_host_port(mock_site: MockSite) 
     }
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4, delay=0.05))
     assert len(result.responses) == 4
-    arrivals = mock_site.recorder.arrivals(HOST, path_prefix="/page")
-    assert min(b - a for a, b in pairwise(arrivals)) >= CRAWL_DELAY - 0.01
+    assert min(result.dispatch_gaps(HOST, path_prefix="/page")) >= CRAWL_DELAY - 0.001
