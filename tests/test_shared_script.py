@@ -167,6 +167,16 @@ def random_ops(seed: int, count: int = 300):
                     now, worker, rng.choice([0.0, 1.0]), rng.choice([-1.0, 0.0, 2.0]), 3.0, 4.0
                 ),
             )
+        elif op < 0.985:
+            # A fallback's requests in flight and its pace, told after an outage.
+            chosen = rng.sample(sorted(configs), rng.randint(1, 2))
+            argv = ["adopt", fmt(now), worker, fmt(5.0), "0", fmt(10.0), fmt(600.0)]
+            argv.append(str(len(chosen)))
+            lease = f"{worker}:{i}"
+            for _ in chosen:
+                argv += [fmt(rng.choice([0.0, 0.4, 2.0])), "1", lease]
+            leases.append((lease, chosen, [configs[name]["concurrency"] for name in chosen]))
+            yield keys(*chosen), argv
         else:
             yield [WORKERS], ["beat", fmt(now), worker, fmt(5.0), "0"]
 

@@ -292,6 +292,109 @@ async def test_store_down_falls_back_at_one_nth_and_resyncs():
 
 
 @pytest_twisted.ensureDeferred
+async def test_requests_waiting_in_the_fallback_ask_the_store_once_it_is_back():
+    """After the re-sync the fallback keeps 1/N, and what waits in it goes through the store.
+
+    A probe saw 42-48 requests in a second around the re-sync against a
+    shared 20/s: the fallback was put back at the full limits while each
+    worker still had requests waiting in it, on top of what the store handed out.
+    """
+    cluster = Cluster(2)
+    await cluster.run_for(1.1)  # heartbeats: both workers count, N = 2
+    futures = []
+    for w in cluster.workers:
+        scope = w.scope("r", concurrency=20)
+        w.backend.down = True
+        futures += [
+            cluster.fetch(w, f"http://r/{w.throttle.worker_id}/{i}", [scope]) for i in range(6)
+        ]
+    await settle()
+    await cluster.run_for(2.5)
+    assert all(w.throttle.mode == FALLBACK for w in cluster.workers)
+    in_fallback = len(all_sends(cluster))
+    assert 2 <= in_fallback < 12
+    for w in cluster.workers:
+        w.backend.down = False
+    await cluster.run_for(0.6)
+    assert all(w.throttle.mode == SHARED for w in cluster.workers)
+    resynced = max(w.throttle.resynced_at or 0.0 for w in cluster.workers)
+    for w in cluster.workers:
+        assert w.scopes["r"].manager.fallback.delay == 2 * DELAY, "the fallback stays at 1/N"
+        assert not w.throttle._fallback_waits
+    await cluster.run_for(12 * DELAY)
+    sends = all_sends(cluster)
+    assert len(sends) == 12, "no request lost"
+    after = [t for t in sends if t > resynced]
+    assert len(after) >= 6
+    # One schedule for both workers again: one request per DELAY, not two,
+    # and the first one a DELAY after the fallback's last (the store was told).
+    paced = sends[in_fallback - 1 :]
+    assert min(b - a for a, b in itertools.pairwise(paced)) >= DELAY - 1e-6
+    cluster.close()
+
+
+def test_fallback_splits_concurrency_exactly_by_rank():
+    """Each worker's fallback share; ranks order the workers by id, so shares add up."""
+    manager = SharedScopeManager({"concurrency": 5, "delay": 0.5})
+    shares = []
+    for rank in range(2):
+        manager.scale(2, rank)
+        shares.append(manager.fallback.concurrency)
+    assert shares == [3, 2]
+    manager = SharedScopeManager({"concurrency": 2})
+    shares = []
+    for rank in range(3):
+        manager.scale(3, rank)
+        shares.append(manager.fallback.concurrency)
+    assert shares == [1, 1, 0], "never one slot each: that would be 3 in flight"
+    assert manager.fallback.delay == 0.0
+    manager.set_concurrency(6)  # keeps its workers and rank
+    assert manager.fallback.concurrency == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_fewer_slots_than_workers_never_fail_open():
+    """Concurrency 2 over 3 workers: 2 in flight while the store is down, then the rest.
+
+    A probe saw 4 in flight with 4 workers and a shared concurrency of 2:
+    every worker got at least one slot.
+    """
+    cluster = Cluster(3)
+    await cluster.run_for(1.1)
+    assert sorted(w.throttle.rank for w in cluster.workers) == [0, 1, 2]
+    futures = []
+    for w in cluster.workers:
+        scope = w.scope("c", concurrency=2, delay=0.0)
+        w.backend.down = True
+        futures += [
+            cluster.fetch(w, f"http://c/{w.throttle.worker_id}/{i}", [scope]) for i in range(2)
+        ]
+    await settle()
+    await cluster.run_for(3.0)
+    assert all(w.throttle.mode == FALLBACK for w in cluster.workers)
+    assert len(all_sends(cluster)) == 2, "the shared concurrency holds in the fallback"
+    for w in cluster.workers:
+        w.backend.down = False
+    await cluster.run_for(1.0)
+    assert all(w.throttle.mode == SHARED for w in cluster.workers)
+    # The store took on the two requests still in flight: the others wait.
+    sent = [f for f in futures if f.done()]
+    assert len(sent) == 2, "the store counted the fallback's requests in flight"
+    for f in sent:
+        owner = next(w for w in cluster.workers if f in futures_of(cluster, w, futures))
+        owner.throttle.release(f.result())
+    await cluster.run_for(1.0)
+    assert len([f for f in futures if f.done()]) == 4, "no request lost"
+    cluster.close()
+
+
+def futures_of(cluster: Cluster, worker: Worker, futures: list) -> list:
+    """The futures *worker* started (two per worker, in worker order)."""
+    index = cluster.workers.index(worker)
+    return futures[2 * index : 2 * index + 2]
+
+
+@pytest_twisted.ensureDeferred
 async def test_frozen_store_falls_back_within_a_second():
     """A store that stops answering: calls time out and the worker falls back within 1 s."""
     cluster = Cluster(1)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredLock, succeed
 
-from slotkit.gate import Gate
+from slotkit.gate import Gate, Waiter
 from slotkit.registry import Scope
 from slotkit.shared.client import StoreDownError, _as_store_error
 from slotkit.shared.manager import SharedScopeManager
@@ -69,6 +69,8 @@ class StoreLink:
         self.channel = self.prefix + "ev"
         self.mode = SHARED
         self.workers = 1
+        #: How many live workers' ids sort before this one's (see SharedScopeManager.scale).
+        self.rank = 0
         self._on_mode = on_mode
         self._leases = itertools.count()
         self._failures = 0
@@ -78,6 +80,11 @@ class StoreLink:
         self._managers: dict[str, SharedScopeManager] = {}
         self._fallback_gate = Gate(clock)
         self._fallback_scopes: dict[str, Scope] = {}
+        #: Requests waiting in the fallback gate; True once the store is back
+        #: and their wait is cancelled so that they ask the store instead.
+        self._fallback_waits: dict[Deferred[Waiter], bool] = {}
+        #: Requests the fallback admitted that are still in flight, by id().
+        self._fallback_in_flight: dict[int, Pass] = {}
         self.sleeps = Sleeps(clock)
         #: One reservation at a time per scope and worker: the next request of
         #: the scope asks the store only once the previous one has gone. Keeps
@@ -160,7 +167,7 @@ class StoreLink:
         """Know *manager* (to scale it and write its holds back after an outage)."""
         if manager.scope_id is not None:
             self._managers[manager.scope_id] = manager
-            manager.scale(self.workers if self.mode == FALLBACK else 1)
+            manager.scale(self.workers, self.rank)
 
     # Store calls
 
@@ -199,7 +206,12 @@ class StoreLink:
         self._failures = 0
         self._last_success = self._alive_at = self.clock.seconds()
         if len(reply) > 1:
-            self.workers = max(1, int(reply[1]))
+            count, _, rank = reply[1].partition(":")
+            self.workers = max(1, int(count))
+            self.rank = int(rank or 0)
+        if self._fallback_waits and self.mode == SHARED:
+            # One failed call sent them to the fallback, but the store answers.
+            self._reroute_fallback_waits()
         return reply
 
     def _failed(self, failure: Failure) -> Failure:
@@ -249,7 +261,7 @@ class StoreLink:
             self.workers,
         )
         for manager in self._managers.values():
-            manager.scale(self.workers)
+            manager.scale(self.workers, self.rank)
         # Requests waiting on the store move to the fallback now.
         self.sleeps.end_all("fallback")
         if self._on_mode is not None:
@@ -265,13 +277,53 @@ class StoreLink:
         for scope_id, manager in self._managers.items():
             if manager.fallback.hold_until > now:
                 self._send_backoff([scope_id], [manager], manager.fallback.hold_until - now, 0.0)
-            manager.scale(1)
+            # The fallback stays at 1/N: requests it admitted may still be in
+            # flight, and it also admits a request whose call fails later on.
+            manager.scale(self.workers, self.rank)
         if self._releases:
             self._flush()
+        self._adopt(now)
+        self._reroute_fallback_waits()
         self.backend.subscribe(self.channel, self._event)
         logger.info("slotkit: the shared throttling store is back; throttling is shared again")
         if self._on_mode is not None:
             self._on_mode(SHARED)
+
+    def _adopt(self, now: float) -> None:
+        """Tell the store what this worker's fallback sent, before anything asks it.
+
+        A restarted store knows nothing, and a thawed one never saw these
+        requests: without this, the store would hand out every slot and an
+        immediate dispatch while the fallback's requests are still in flight.
+        Each one gets a lease (given back when it ends), and each scope's
+        next dispatch waits for the gap left after this worker's last one.
+        """
+        leases_of: dict[str, list[str]] = {}
+        for ticket in self._fallback_in_flight.values():
+            ticket.lease = f"{self.worker_id}:{next(self._leases)}"
+            for scope_id in ticket.scope_ids:
+                leases_of.setdefault(scope_id, []).append(ticket.lease)
+        for scope_id, manager in self._managers.items():
+            last = manager.fallback.last_sent
+            interval = max(manager.delay, manager.crawl_delay)
+            gap = 0.0 if last is None else max(0.0, last + interval - now)
+            leases = leases_of.get(scope_id, [])
+            if gap <= 0 and not leases:
+                continue
+            key_ttl = max(self.options.key_ttl, manager.window)
+            args = [fmt(self.options.lease_ttl), fmt(key_ttl), "1", fmt(gap), str(len(leases))]
+            self._call(self._keys([scope_id]), "adopt", args + leases).addErrback(lambda _: None)
+
+    def _reroute_fallback_waits(self) -> None:
+        """Send the requests waiting in the fallback gate to the store.
+
+        At the fallback's pace they would go on top of what the store hands
+        out, and a worker whose share of a small concurrency is 0 would hold
+        them for ever.
+        """
+        for waiting in list(self._fallback_waits):
+            self._fallback_waits[waiting] = True
+            waiting.cancel()
 
     def _schedule_beat(self, delay: float) -> None:
         if self._closed:

@@ -77,6 +77,7 @@ class SharedScopeManager:
             window=self.window,
         )
         self._workers = 1
+        self._rank = 0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, config: Any) -> SharedScopeManager:
@@ -145,13 +146,21 @@ class SharedScopeManager:
             str(rampup.target[1] if rampup is not None else -1),
         ]
 
-    def scale(self, workers: int) -> None:
-        """Make the fallback admit 1/*workers* of the shared limits."""
+    def scale(self, workers: int, rank: int = 0) -> None:
+        """Make the fallback admit 1/*workers* of the shared limits.
+
+        The concurrency is split exactly: with 5 slots and 2 workers, the
+        worker of *rank* 0 (the first by id) gets 3 and the other 2. With
+        fewer slots than workers the last ones get none, and their requests
+        wait for the store: one slot each would put more in flight than the
+        scope allows.
+        """
         workers = max(1, workers)
-        self._workers = workers
+        self._workers, self._rank = workers, rank
         fallback = self.fallback
         fallback.delay = max(self.delay, self.crawl_delay) * workers
-        fallback.concurrency = max(1, self.concurrency // workers)
+        share, extra = divmod(self.concurrency, workers)
+        fallback.concurrency = share + (1 if rank % workers < extra else 0)
         fallback.min_concurrency = min(fallback.min_concurrency, fallback.concurrency)
         if fallback.quota is not None and self.quota is not None:
             fallback.quota.limit = self.quota / workers
@@ -195,11 +204,11 @@ class SharedScopeManager:
 
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))
-        self.scale(self._workers)
+        self.scale(self._workers, self._rank)
 
     def set_concurrency(self, concurrency: int) -> None:
         self.concurrency = max(1, int(concurrency))
-        self.scale(self._workers)
+        self.scale(self._workers, self._rank)
 
     def is_idle(self, now: float, max_idle: float) -> bool:
         if self.active or now < self.hold_until:

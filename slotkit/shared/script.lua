@@ -26,9 +26,12 @@
 --            then the six rampup ones as in acquire, concurrency, and the
 --            rampup target's high end
 --   quota:   key ttl, n scopes, then 4 per scope: consumed, remaining (< 0: unknown), quota, window
+--   adopt:   lease ttl, key ttl, n scopes, then per scope: gap (seconds), m leases,
+--            then the m lease ids -- a fallback's requests in flight and its pace
 --   beat:    (nothing) -- heartbeat; replies with the live worker count
 --   leave:   (nothing)
--- Every reply starts with a status word and the live worker count.
+-- Every reply starts with a status word and "count:rank": the live worker
+-- count and how many live worker ids sort before this one.
 
 local op = ARGV[1]
 local now
@@ -78,7 +81,13 @@ end
 pexpire(workers, wttl * 2)
 local n = redis.call('ZCARD', workers)
 if n < 1 then n = 1 end
-local N = tostring(n)
+-- This worker's place among the live ones, ordered by id: while the store is
+-- down, a scope with fewer slots than workers is left to the first ones.
+local rank = 0
+for _, id in ipairs(redis.call('ZRANGE', workers, 0, -1)) do
+  if id < wid then rank = rank + 1 end
+end
+local N = tostring(n) .. ':' .. tostring(rank)
 
 -- 2. Leases given back (piggy-backed on this call). A release that frees a
 -- full scope is published: a worker waiting for a slot asks again at once.
@@ -164,6 +173,30 @@ local function ramp(st, a)
   end
   a.delay = st.rd
   a.conc = st.rc
+end
+
+-- What one worker's fallback did while the store was down, told after it
+-- came back: its requests still in flight hold leases, and the next request
+-- waits for the gap left after its last one.
+if op == 'adopt' then
+  local lease_ttl = tonumber(ARGV[o + 1])
+  local key_ttl = tonumber(ARGV[o + 2])
+  local scopes = tonumber(ARGV[o + 3])
+  local b = o + 3
+  for i = 1, scopes do
+    local gap = tonumber(ARGV[b + 1])
+    local m = tonumber(ARGV[b + 2])
+    local skey, lkey = KEYS[2 * i], KEYS[2 * i + 1]
+    local st = load(skey)
+    if now + gap > st.tat then st.tat = now + gap end
+    save(skey, st, key_ttl)
+    for j = 1, m do
+      redis.call('ZADD', lkey, fmt(now + lease_ttl), ARGV[b + 2 + j])
+    end
+    if m > 0 then pexpire(lkey, lease_ttl + 1) end
+    b = b + 2 + m
+  end
+  return {'ok', N}
 end
 
 if op == 'acquire' then

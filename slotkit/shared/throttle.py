@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from scrapy.utils.defer import maybe_deferred_to_future
-from twisted.internet.defer import DeferredLock
+from twisted.internet.defer import CancelledError, DeferredLock
 
 from slotkit.gate import GateClosedError
 from slotkit.registry import Scope
@@ -66,8 +66,8 @@ class SharedThrottle(StoreLink):
             return ticket
         if self._stopping:
             raise GateClosedError("the downloader closed")
-        if self.mode == FALLBACK:
-            return await self._reserve_locally(request, ticket)
+        if self.mode == FALLBACK and await self._reserve_locally(request, ticket):
+            return ticket
         locks = [self._turns.setdefault(scope_id, DeferredLock()) for scope_id in sorted(set(ids))]
         taken: list[DeferredLock] = []
         try:
@@ -85,7 +85,9 @@ class SharedThrottle(StoreLink):
             if self._stopping:
                 raise GateClosedError("the downloader closed")
             if self.mode == FALLBACK:
-                return await self._reserve_locally(request, ticket)
+                if await self._reserve_locally(request, ticket):
+                    return ticket
+                continue  # the store came back while the request waited
             lease = f"{self.worker_id}:{next(self._leases)}"
             o = self.options
             args = [lease, fmt(o.lease_ttl), fmt(o.horizon), fmt(o.key_ttl), str(len(keys) // 2)]
@@ -104,7 +106,9 @@ class SharedThrottle(StoreLink):
                 self._give_back(ticket, lease, now=False)
                 if self._stopping:
                     raise GateClosedError("the downloader closed") from None
-                return await self._reserve_locally(request, ticket)
+                if await self._reserve_locally(request, ticket):
+                    return ticket
+                continue
             now = self.clock.seconds()
             status, wait = reply[0], float(reply[2])
             slots_left = [int(x) for x in reply[4::2]]
@@ -152,17 +156,28 @@ class SharedThrottle(StoreLink):
             self._fallback_scopes[scope_id] = scope
         return scope
 
-    async def _reserve_locally(self, request: Request, ticket: Pass) -> Pass:
+    async def _reserve_locally(self, request: Request, ticket: Pass) -> bool:
+        """Admit *ticket* through the fallback gate; False if the store came back first."""
         self.fallback_requests += 1
         scopes = [self._fallback_scope(m) for m in ticket.managers]
         waiter = self._fallback_gate.try_acquire(request, scopes, ticket.amounts)
         if waiter is None:
-            waiter = await maybe_deferred_to_future(
-                self._fallback_gate.acquire(request, scopes, ticket.amounts, request.priority)
+            waiting = self._fallback_gate.acquire(
+                request, scopes, ticket.amounts, request.priority
             )
+            self._fallback_waits[waiting] = False
+            try:
+                waiter = await maybe_deferred_to_future(waiting)
+            except CancelledError:
+                if self._fallback_waits.pop(waiting, False) and not self._stopping:
+                    return False  # cancelled by the re-sync, not by the caller
+                raise
+            finally:
+                self._fallback_waits.pop(waiting, None)
         ticket.fallback_ticket = waiter
         ticket.sent_at = self.clock.seconds()
-        return ticket
+        self._fallback_in_flight[id(ticket)] = ticket
+        return True
 
     def _dispatched(self, ticket: Pass) -> None:
         now = self.clock.seconds()
@@ -174,7 +189,11 @@ class SharedThrottle(StoreLink):
         """Give back what *ticket* holds (exactly once)."""
         if ticket.fallback_ticket is not None:
             waiter, ticket.fallback_ticket = ticket.fallback_ticket, None
+            self._fallback_in_flight.pop(id(ticket), None)
             self._fallback_gate.release(waiter)
+            if ticket.lease is not None:  # the store took it on at the re-sync
+                lease, ticket.lease = ticket.lease, None
+                self._give_back(ticket, lease, now=True)
             return
         if ticket.lease is None:
             return

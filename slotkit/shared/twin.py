@@ -192,8 +192,9 @@ class TwinStore:
         else:
             self._zadd(workers, fmt(now + wttl), wid)
         self._pexpire(workers, wttl * 2)
-        n = max(1, len(self._zset(workers)))
-        count = str(n)
+        live = self._zset(workers)
+        n = max(1, len(live))
+        count = f"{n}:{sum(1 for other in live if other < wid)}"
 
         # 2. Leases given back, riding on this call.
         nrel = int(argv[4])
@@ -275,6 +276,23 @@ class TwinStore:
                 else:
                     st.qu = st.qu + consumed
                 save(skey, st, max(key_ttl, window))
+            return ["ok", count]
+
+        if op == "adopt":
+            lease_ttl, key_ttl = float(argv[o + 1]), float(argv[o + 2])
+            b = o + 3
+            for i in range(int(argv[o + 3])):
+                gap, m = float(argv[b + 1]), int(argv[b + 2])
+                skey, lkey = keys[1 + 2 * i], keys[2 + 2 * i]
+                st = load(skey)
+                if now + gap > st.tat:
+                    st.tat = now + gap
+                save(skey, st, key_ttl)
+                for j in range(m):
+                    self._zadd(lkey, fmt(now + lease_ttl), argv[b + 3 + j])
+                if m > 0:
+                    self._pexpire(lkey, lease_ttl + 1)
+                b += 2 + m
             return ["ok", count]
 
         raise ValueError(f"slotkit: unknown operation {op!r}")
