@@ -177,8 +177,11 @@ def random_ops(seed: int, count: int = 300):
                 argv += [fmt(rng.choice([0.0, 0.4, 2.0])), "1", lease]
             leases.append((lease, chosen, [configs[name]["concurrency"] for name in chosen]))
             yield keys(*chosen), argv
-        else:
+        elif rng.random() < 0.5:
             yield [WORKERS], ["beat", fmt(now), worker, fmt(5.0), "0"]
+        else:
+            # Back from a fallback: when does every worker go back to the store?
+            yield [WORKERS, NS + "r"], ["beat", fmt(now), worker, fmt(5.0), "0", fmt(600.0)]
 
 
 @pytest.mark.parametrize("seed", range(6))

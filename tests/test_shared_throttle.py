@@ -28,6 +28,8 @@ from slotkit.shared.twin import TwinStore
 DELAY = 1.0
 HOLD = 3.0
 TICK = 0.01
+#: Long enough for a probe to find the store back and the resync grace to pass.
+RESYNC = 1.5
 
 
 async def settle(turns: int = 20) -> None:
@@ -285,7 +287,7 @@ async def test_store_down_falls_back_at_one_nth_and_resyncs():
     assert min(y - x for x, y in itertools.pairwise(sends)) >= 2 * DELAY - 1e-6
     a.throttle.release(futures[2].result())
     a.backend.down = False
-    await cluster.run_for(1.0)
+    await cluster.run_for(RESYNC)
     assert a.throttle.mode == SHARED
     assert a.throttle.resyncs == 1
     cluster.close()
@@ -315,7 +317,7 @@ async def test_requests_waiting_in_the_fallback_ask_the_store_once_it_is_back():
     assert 2 <= in_fallback < 12
     for w in cluster.workers:
         w.backend.down = False
-    await cluster.run_for(0.6)
+    await cluster.run_for(RESYNC)
     assert all(w.throttle.mode == SHARED for w in cluster.workers)
     resynced = max(w.throttle.resynced_at or 0.0 for w in cluster.workers)
     for w in cluster.workers:
@@ -375,7 +377,7 @@ async def test_fewer_slots_than_workers_never_fail_open():
     assert len(all_sends(cluster)) == 2, "the shared concurrency holds in the fallback"
     for w in cluster.workers:
         w.backend.down = False
-    await cluster.run_for(1.0)
+    await cluster.run_for(RESYNC)
     assert all(w.throttle.mode == SHARED for w in cluster.workers)
     # The store took on the two requests still in flight: the others wait.
     sent = [f for f in futures if f.done()]
@@ -395,6 +397,28 @@ def futures_of(cluster: Cluster, worker: Worker, futures: list) -> list:
 
 
 @pytest_twisted.ensureDeferred
+async def test_workers_go_back_to_the_store_together():
+    """The first worker to find the store back sets one moment for all of them."""
+    cluster = Cluster(2)
+    await cluster.run_for(1.1)
+    a, b = cluster.workers
+    for w in cluster.workers:
+        w.backend.down = True
+        cluster.fetch(w, f"http://t/{w.throttle.worker_id}", [w.scope("t")])
+    await settle()
+    await cluster.run_for(1.0)
+    assert all(w.throttle.mode == FALLBACK for w in cluster.workers)
+    a.backend.down = False
+    await cluster.run_for(0.3)
+    assert a.throttle.mode == FALLBACK, "a waits for the others"
+    b.backend.down = False
+    await cluster.run_for(RESYNC)
+    assert a.throttle.mode == b.throttle.mode == SHARED
+    assert a.throttle.resynced_at == pytest.approx(b.throttle.resynced_at, abs=2 * TICK)
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_frozen_store_falls_back_within_a_second():
     """A store that stops answering: calls time out and the worker falls back within 1 s."""
     cluster = Cluster(1)
@@ -411,7 +435,7 @@ async def test_frozen_store_falls_back_within_a_second():
     assert a.throttle.fell_back_at - frozen_at <= 1.0
     a.throttle.release(future.result())
     a.backend.frozen = False
-    await cluster.run_for(1.0)
+    await cluster.run_for(RESYNC)
     assert a.throttle.mode == SHARED
     # The timed-out acquire's lease is released after the re-sync.
     assert not cluster.store.zsets.get("{t}:l:f")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredLock, succeed
@@ -66,6 +66,7 @@ class StoreLink:
         #: Every key shares this hash tag, so a Redis Cluster keeps them on one node.
         self.prefix = f"{{{self.options.namespace}}}:"
         self.workers_key = self.prefix + "w"
+        self.resync_key = self.prefix + "r"
         self.channel = self.prefix + "ev"
         self.mode = SHARED
         self.workers = 1
@@ -99,6 +100,9 @@ class StoreLink:
         self.last_hold_event_at: float | None = None
         self.freed: dict[str, int] = {}
         self._beat_call: IDelayedCall | None = None
+        self._resync_call: IDelayedCall | None = None
+        #: In fallback, but the store answers: its requests are told to it as they go.
+        self._store_back = False
         self._beat_in_flight = False
         self._closed = False
         self._closing: Deferred[None] | None = None
@@ -146,7 +150,7 @@ class StoreLink:
             return self._closing
         self.stop_waiting()
         self._closed = True
-        for call in (self._beat_call, self._flush_call):
+        for call in (self._beat_call, self._flush_call, self._resync_call):
             if call is not None and call.active():
                 call.cancel()
         leaving: Deferred[Any] = succeed(None)
@@ -252,6 +256,7 @@ class StoreLink:
 
     def _enter_fallback(self, now: float, failure: Failure) -> None:
         self.mode = FALLBACK
+        self._store_back = False
         self.fallbacks += 1
         self.fell_back_at = now
         logger.warning(
@@ -268,6 +273,29 @@ class StoreLink:
             self._on_mode(FALLBACK)
         self._schedule_beat(self.options.probe)
 
+    def _resync_in(self, wait: float) -> None:
+        """Go back to the store after *wait* seconds, the moment every worker does.
+
+        Meanwhile the fallback goes on, and the store is told of each of its
+        requests as it goes (see :meth:`_adopt`): when the workers switch,
+        the store knows what all of their fallbacks have in flight.
+        """
+        if wait <= 0:
+            self._resync()
+            return
+        if not self._store_back:
+            self._store_back = True
+            self._adopt(
+                self.clock.seconds(), self._fallback_in_flight.values(), self._managers.values()
+            )
+        if self._resync_call is None or not self._resync_call.active():
+            self._resync_call = self.clock.callLater(wait, self._resync_when_due)
+
+    def _resync_when_due(self) -> None:
+        self._resync_call = None
+        if self.mode == FALLBACK and self._failures == 0 and not self._closed:
+            self._resync()
+
     def _resync(self) -> None:
         """The store answered again: write back known holds, free leftovers, go shared."""
         now = self.clock.seconds()
@@ -282,28 +310,35 @@ class StoreLink:
             manager.scale(self.workers, self.rank)
         if self._releases:
             self._flush()
-        self._adopt(now)
+        self._adopt(now, self._fallback_in_flight.values(), self._managers.values())
+        self._store_back = False
         self._reroute_fallback_waits()
         self.backend.subscribe(self.channel, self._event)
         logger.info("slotkit: the shared throttling store is back; throttling is shared again")
         if self._on_mode is not None:
             self._on_mode(SHARED)
 
-    def _adopt(self, now: float) -> None:
-        """Tell the store what this worker's fallback sent, before anything asks it.
+    def _adopt(
+        self, now: float, tickets: Iterable[Pass], managers: Iterable[SharedScopeManager]
+    ) -> None:
+        """Tell the store what this worker's fallback sent while the store was away.
 
         A restarted store knows nothing, and a thawed one never saw these
         requests: without this, the store would hand out every slot and an
         immediate dispatch while the fallback's requests are still in flight.
-        Each one gets a lease (given back when it ends), and each scope's
-        next dispatch waits for the gap left after this worker's last one.
+        Each ticket not told yet gets a lease (given back when it ends), and
+        each scope's next dispatch waits for the gap left after this
+        worker's last one.
         """
         leases_of: dict[str, list[str]] = {}
-        for ticket in self._fallback_in_flight.values():
+        for ticket in tickets:
+            if ticket.lease is not None:
+                continue
             ticket.lease = f"{self.worker_id}:{next(self._leases)}"
             for scope_id in ticket.scope_ids:
                 leases_of.setdefault(scope_id, []).append(ticket.lease)
-        for scope_id, manager in self._managers.items():
+        for manager in managers:
+            scope_id = manager.scope_id or ""
             last = manager.fallback.last_sent
             interval = max(manager.delay, manager.crawl_delay)
             gap = 0.0 if last is None else max(0.0, last + interval - now)
@@ -341,12 +376,16 @@ class StoreLink:
             self._schedule_beat(self.options.beat - quiet)
             return
         self._beat_in_flight = True
-        d = self._call([self.workers_key], "beat", [])
+        if self.mode == FALLBACK:
+            grace = max(self.options.resync_grace, self.options.probe)
+            d = self._call([self.workers_key, self.resync_key], "beat", [fmt(grace)])
+        else:
+            d = self._call([self.workers_key], "beat", [])
 
-        def ok(_: object) -> None:
+        def ok(reply: list[str]) -> None:
             self._beat_in_flight = False
             if self.mode == FALLBACK:
-                self._resync()
+                self._resync_in(float(reply[2]) if len(reply) > 2 else 0.0)
             else:
                 self.backend.subscribe(self.channel, self._event)
             self._schedule_beat(self.options.beat)

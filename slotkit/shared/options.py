@@ -27,6 +27,11 @@ class ThrottleOptions:
     #: worker alive), and probe period while falling back.
     beat: float = 1.0
     probe: float = 0.5
+    #: After an outage every worker goes back to the store at one moment, this
+    #: long after the first one found it back: longer than ``probe``, so the
+    #: others have found it too, and none sends beside a fallback the store
+    #: has not been told of.
+    resync_grace: float = 0.75
     #: A worker not heard of for this long no longer counts in N.
     worker_ttl: float = 5.0
     #: A lease not given back (a worker died) frees its slot after this long.

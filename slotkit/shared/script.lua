@@ -28,7 +28,9 @@
 --   quota:   key ttl, n scopes, then 4 per scope: consumed, remaining (< 0: unknown), quota, window
 --   adopt:   lease ttl, key ttl, n scopes, then per scope: gap (seconds), m leases,
 --            then the m lease ids -- a fallback's requests in flight and its pace
---   beat:    (nothing) -- heartbeat; replies with the live worker count
+--   beat:    (nothing) -- heartbeat; replies with the live worker count; or, from a
+--            worker back from its fallback, a grace (seconds) and KEYS[2] the resync
+--            hash: the reply adds the wait until every worker goes back to the store
 --   leave:   (nothing)
 -- Every reply starts with a status word and "count:rank": the live worker
 -- count and how many live worker ids sort before this one.
@@ -99,6 +101,21 @@ for r = 1, nrel do
   if removed > 0 and active >= tonumber(ARGV[b + 3]) then
     redis.call('PUBLISH', channel, 'free\t' .. string.sub(lkey, string.len(prefix) + 3))
   end
+end
+
+-- A beat from a worker back from its fallback (a grace in ARGV, the resync
+-- hash in KEYS[2]) asks when every worker goes back to the store: the first
+-- one to ask sets that moment a grace period ahead, so that every worker
+-- tells the store what its fallback has in flight at about the same time.
+if op == 'beat' and ARGV[o + 1] then
+  local grace = tonumber(ARGV[o + 1])
+  local at = tonumber(redis.call('HGET', KEYS[2], 'at'))
+  if at == nil then
+    at = now + grace
+    redis.call('HSET', KEYS[2], 'at', fmt(at))
+    pexpire(KEYS[2], 2 * grace)
+  end
+  return {'ok', N, fmt(at - now)}
 end
 
 if op == 'beat' or op == 'leave' or op == 'release' then

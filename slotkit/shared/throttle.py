@@ -177,6 +177,8 @@ class SharedThrottle(StoreLink):
         ticket.fallback_ticket = waiter
         ticket.sent_at = self.clock.seconds()
         self._fallback_in_flight[id(ticket)] = ticket
+        if self._store_back:
+            self._adopt(ticket.sent_at, [ticket], ticket.managers)
         return True
 
     def _dispatched(self, ticket: Pass) -> None:

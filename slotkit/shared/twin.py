@@ -210,6 +210,18 @@ class TwinStore:
                 self.publish(channel, "free\t" + scope_of(lkey))
         o = 4 + 3 * nrel  # where the op's own arguments start (0-based, minus one)
 
+        if op == "beat" and len(argv) > o + 1:
+            grace, resync_key = float(argv[o + 1]), keys[1]
+            self._live(resync_key)
+            stored = self.hashes.get(resync_key, {}).get("at")
+            if stored is None:
+                at = now + grace
+                self.hashes[resync_key] = {"at": fmt(at)}
+                self._pexpire(resync_key, 2 * grace)
+            else:
+                at = float(stored)
+            return ["ok", count, fmt(at - now)]
+
         if op in ("beat", "leave", "release"):
             return ["ok", count]
 
