@@ -138,7 +138,7 @@ class Downloader(ScopeControl, SpiderClosing):
         #: Requests whose ``get_scopes`` must wait for something (see known_scopes).
         self._scopes_wait: WeakSet[Request] = WeakSet()
         jobdir = job_dir(self.settings)
-        self._store = ScopeStateStore(jobdir) if jobdir else None
+        self._store = ScopeStateStore(jobdir, self._clock) if jobdir else None
         self._saved: dict[str, dict[str, float]] = {}
         if self._store is not None:
             self._saved, saved_delays = self._store.load()

@@ -110,6 +110,19 @@ class Quota:
         self._entries.append((expires_at, amount))
         self._used += amount
 
+    def snapshot(self, now: float) -> tuple[float, float]:
+        """Units counted at *now*, and when the last of them expires (for ``JOBDIR``).
+
+        A request still in flight counts as ending now. One figure for all
+        the units errs on the safe side: a resumed crawl gets them back
+        together, when the last would have expired.
+        """
+        self._expire(now)
+        until = self._entries[-1][0] if self._entries else now
+        if self._in_flight:
+            until = max(until, now + self.window)
+        return max(0.0, self._used), until
+
     def _expire(self, now: float) -> None:
         entries = self._entries
         while entries and entries[0][0] <= now:

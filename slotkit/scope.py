@@ -62,6 +62,7 @@ class ThrottlingScopeManager:
         "_ending",
         "_factor",
         "_opening",
+        "_resumed",
         "_rng",
         "active",
         "backoff",
@@ -118,6 +119,8 @@ class ThrottlingScopeManager:
         self._factor = 1.0  # jitter factor drawn at the last dispatch
         #: The scope's first request is in flight (see record_done).
         self._opening = False
+        #: A saved gap was taken over (import_state): the next request is a first one.
+        self._resumed = False
         #: Which request the next record_done is for (see record_ending).
         self._ending: tuple[float, float | None] | None = None
         self.backoff = DEFAULT_BACKOFF if backoff is None else backoff
@@ -167,8 +170,9 @@ class ThrottlingScopeManager:
     def record_sent(self, now: float, amount: float | None = None) -> None:
         self._settle(now)
         self.active += 1
-        if self.last_sent is None:
+        if self.last_sent is None or self._resumed:
             self._opening = True
+            self._resumed = False
         self.last_sent = now
         self._factor = self._draw_factor()
         if self.quota is not None:
@@ -323,6 +327,10 @@ class ThrottlingScopeManager:
         if self.backoff_delay is not None:
             state["backoff_delay"] = self.backoff_delay
             state["recovers_at"] = self.recovers_at
+        if self.quota is not None:
+            used, until = self.quota.snapshot(now)
+            if used > 0 and until > now:
+                state["quota_used"], state["quota_until"] = used, until
         return state or None
 
     def import_state(self, state: dict[str, float], now: float) -> None:
@@ -330,6 +338,12 @@ class ThrottlingScopeManager:
         self.hold_until = max(self.hold_until, state.get("hold_until", -math.inf))
         if "last_sent" in state and (self.last_sent is None or state["last_sent"] > self.last_sent):
             self.last_sent = state["last_sent"]
+            # The resumed crawl's first request opens a new connection: the gap
+            # after it runs from its end, as after any scope's first request.
+            self._resumed = True
+        until = state.get("quota_until", -math.inf)
+        if self.quota is not None and until > now and state.get("quota_used", 0.0) > 0:
+            self.quota.spend(now, state["quota_used"], expires_in=until - now)
         if "backoff_delay" in state:
             self.backoff_delay = state["backoff_delay"]
             self.recovers_at = state.get("recovers_at", now + self.backoff.window)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from scrapy import Request
+from twisted.internet.task import Clock
 
 from slotkit.gate import GateClosedError
 from slotkit.persistence import ScopeStateStore
@@ -52,6 +53,65 @@ def test_a_running_delay_is_saved_as_a_deadline() -> None:
     assert scope.export_state(102.0) is None  # the gap is over: nothing to keep
 
 
+def test_saved_times_move_onto_the_resumed_crawls_clock(tmp_path: Path) -> None:
+    """Saved on a Twisted reactor (epoch seconds), resumed reactorless (the loop's monotonic clock).
+
+    A probe paused one way and resumed the other: the resumed crawl sent
+    nothing for 25 s (a delay ending in 57 years), or dropped a Retry-After
+    hold. Times are moved to the new clock, less the time spent paused.
+    """
+    epoch, monotonic = Clock(), Clock()
+    epoch.advance(1_796_000_000.0)
+    monotonic.advance(500.0)
+    wall = [1_796_000_000.0]
+    saving = ScopeStateStore(str(tmp_path), epoch, wall=lambda: wall[0])
+    saving.save({"a": {"hold_until": epoch.seconds() + 10.0, "backoff_delay": 4.0}}, {})
+    wall[0] += 3.0  # paused for 3 s
+    states, _ = ScopeStateStore(str(tmp_path), monotonic, wall=lambda: wall[0]).load()
+    assert states["a"]["hold_until"] == pytest.approx(500.0 + 7.0)
+    assert states["a"]["backoff_delay"] == 4.0, "a duration is not a time"
+
+
+def test_a_file_of_the_first_format_is_read_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "slotkit-scopes.json").write_text(
+        '{"version": 1, "scopes": {"a": {"hold_until": 130.0}}, "crawl_delays": {}}'
+    )
+    clock = Clock()
+    clock.advance(100.0)
+    states, _ = ScopeStateStore(str(tmp_path), clock).load()
+    assert states == {"a": {"hold_until": 130.0}}
+
+
+def test_quota_spent_before_the_pause_stays_spent() -> None:
+    """3 of a quota of 3 per 30 s spent, paused, resumed: the next unit waits for the window."""
+    scope = ThrottlingScopeManager(concurrency=4, quota=3, window=30.0)
+    for _ in range(3):
+        scope.record_sent(100.0)
+    for _ in range(3):
+        scope.record_done(100.5)
+    state = scope.export_state(102.0)
+    assert state is not None
+    assert state["quota_used"] == 3.0
+    assert state["quota_until"] == pytest.approx(130.5)
+    fresh = ThrottlingScopeManager(concurrency=4, quota=3, window=30.0)
+    fresh.import_state(state, now=103.0)
+    assert fresh.can_send(103.0) == pytest.approx(27.5)
+    assert fresh.can_send(131.0) == 0.0
+
+
+def test_the_gap_after_a_resumed_scopes_first_request_runs_from_its_end() -> None:
+    """As after any scope's first request: it also opened the connection (probe: 3-30 ms short)."""
+    scope = ThrottlingScopeManager(concurrency=1, delay=0.4)
+    scope.import_state({"last_sent": 99.9}, now=100.0)
+    assert scope.can_send(100.0) == pytest.approx(0.3)
+    scope.record_sent(100.3)
+    scope.record_done(100.35)  # connection set-up and the answer took 50 ms
+    assert scope.can_send(100.35) == pytest.approx(0.4)
+    scope.record_sent(100.75)
+    scope.record_done(100.8)
+    assert scope.can_send(100.8) == pytest.approx(0.35), "only once"
+
+
 def test_unreadable_state_file_is_ignored(tmp_path: Path) -> None:
     """A damaged state file means a fresh start, not a crash."""
     (tmp_path / "slotkit-scopes.json").write_text("{not json")
@@ -87,6 +147,28 @@ async def test_resume_during_retry_after_waits_for_the_deadline(
     assert mock_site.recorder.count(HOST) == 0  # still inside the 30 s deadline
     # The held request came back from the job's queue, waited, and was saved again.
     assert second.stats["throttling/requests_requeued"] == 1
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_a_spent_quota_stays_spent_across_a_pause(
+    mock_site: MockSite, tmp_path: Path
+) -> None:
+    """Quota 3 per 30 s: 3 pages, pause, resume at once: nothing more for the window."""
+    settings = {
+        **SLOTKIT,
+        "JOBDIR": str(tmp_path / "job"),
+        "CLOSESPIDER_TIMEOUT": 1,
+        "THROTTLING_SCOPES": {HOST: {"quota": 3, "window": 30}},
+    }
+    urls = [mock_site.url(HOST, f"/page/{i}") for i in range(6)]
+    first = await run_crawl(ListSpider, settings, urls=urls, crawl_timeout=20)
+    assert first.finish_reason == "closespider_timeout"
+    assert mock_site.recorder.count(HOST) == 3
+    mock_site.recorder.clear()
+    second = await run_crawl(ListSpider, settings, urls=[], crawl_timeout=20)
+    assert second.finish_reason == "closespider_timeout"
+    assert mock_site.recorder.count(HOST) == 0, "the window's 3 units were spent before the pause"
 
 
 @pytest.mark.integration
