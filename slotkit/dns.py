@@ -10,8 +10,11 @@ crawl runs with does not always fill Scrapy's.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import ipaddress
 import logging
+import socket
 from typing import TYPE_CHECKING, Any
 
 from scrapy.resolver import dnscache
@@ -85,6 +88,11 @@ class AddressLookups:
         # every later connection to the host, without the IPv6 addresses.
         self._name_resolver = getattr(reactor, "nameResolver", None)
         self._resolve = getattr(reactor, "resolve", None)
+        loop = getattr(reactor, "loop", None)  # slotkit.clock.AsyncioClock, reactorless
+        if self._name_resolver is None and self._resolve is None and loop is not None:
+            # Scrapy's reactorless downloads never fill its DNS cache: without
+            # this, IP scopes of host names would never apply there.
+            self._resolve = functools.partial(_resolve_on_loop, loop)
         self._timeout = timeout
         self._pending: dict[str, list[Deferred[None]]] = {}
         self._timers: dict[str, Any] = {}
@@ -203,6 +211,18 @@ class AddressLookups:
         for done in waiting:
             if not done.called:
                 done.callback(None)
+
+
+def _resolve_on_loop(loop: asyncio.AbstractEventLoop, host: str) -> Deferred[str]:
+    """The first address of *host*, asked of the event loop (its thread pool)."""
+
+    async def first() -> str:
+        infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        if not infos:
+            raise DNSLookupError(f"no address for {host}")
+        return str(infos[0][4][0])
+
+    return Deferred.fromFuture(asyncio.ensure_future(first(), loop=loop))
 
 
 @implementer(IResolutionReceiver)

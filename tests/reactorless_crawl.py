@@ -26,7 +26,30 @@ class HostsSpider(Spider):
         """Nothing to do."""
 
 
+def fake_getaddrinfo() -> None:
+    """Both test hosts are one address (no network, whatever the machine's hosts file)."""
+    import asyncio
+    import socket
+
+    real = asyncio.BaseEventLoop.getaddrinfo
+
+    async def getaddrinfo(self: Any, host: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host.endswith(".test"):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.9.9.9", 0))]
+        return await real(self, host, *args, **kwargs)
+
+    asyncio.BaseEventLoop.getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+
+
 def main() -> None:
+    per_ip = "--per-ip" in sys.argv
+    if per_ip:
+        fake_getaddrinfo()
+    extra: dict[str, Any] = (
+        {"CONCURRENT_REQUESTS_PER_IP": 1, "DOWNLOAD_DELAY": 0, "INMEMORY_LATENCY": 0.1}
+        if per_ip
+        else {}
+    )
     process = AsyncCrawlerProcess(
         {
             "TWISTED_REACTOR_ENABLED": False,
@@ -36,6 +59,7 @@ def main() -> None:
             "LOG_LEVEL": "ERROR",
             "TELNETCONSOLE_ENABLED": False,
             "DOWNLOAD_HANDLERS": {"http": "slotkit.testing.InMemoryDownloadHandler"},
+            **extra,
         }
     )
     crawler = process.create_crawler(HostsSpider)
@@ -47,6 +71,7 @@ def main() -> None:
         "responses": stats.get("response_received_count", 0),
         "gaps": {host: recorder.gaps(host) for host in ("h0.test", "h1.test")},
         "reactor_imported": "twisted.internet.reactor" in sys.modules,
+        "peak_in_flight": recorder.peak_total_in_flight,
     }
     sys.stdout.write(json.dumps(result) + "\n")
 
