@@ -308,6 +308,9 @@ class Downloader(ScopeControl, SpiderClosing):
         if ticket is not None:
             return ticket
         entered = self._clock.seconds()
+        if self.gate.closed:
+            # Reached the gate after the spider began to close: never sent either.
+            self.stats.inc("requests_unsent_at_close")
         waiting = self.gate.acquire(request, scopes, amounts, request.priority, delay)
         self.stats.waiting(len(self.gate.waiting))
         if self.config.debug:

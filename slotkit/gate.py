@@ -119,6 +119,7 @@ class Gate:
         self._queued: set[str] = set()
         self._draining = False
         self._closed = False
+        self._close_reason = "the downloader closed"
         self._on_dispatch = on_dispatch
         #: Waiters not yet dispatched (parked or held by a per-request delay).
         self.waiting: set[Waiter] = set()
@@ -171,7 +172,12 @@ class Gate:
         waiter = Waiter(request, scopes, amounts, (-priority, arrival, next(self._seq)))
         waiter.deferred = Deferred(lambda _: self._cancel(waiter))
         if self._closed:
-            waiter.deferred.errback(GateClosedError("the downloader is closed"))
+            waiter.deferred.errback(
+                GateClosedError(
+                    f"{self._close_reason} before {request} reached its throttling "
+                    f"scopes {[s.id for s in scopes]}; it was not sent"
+                )
+            )
             return waiter.deferred
         waiter.enqueued_at = now
         self.waiting.add(waiter)
@@ -371,9 +377,15 @@ class Gate:
 
     # Closing
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: every new request fails at once."""
+        return self._closed
+
     def close(self, scopes: Sequence[Scope], reason: str = "the downloader closed") -> None:
         """Fail every waiter and cancel every timer; the gate admits nothing after this."""
         self._closed = True
+        self._close_reason = reason
         for scope in scopes:
             if scope.timer is not None and scope.timer.active():
                 scope.timer.cancel()

@@ -394,6 +394,31 @@ async def test_close_fails_a_waiting_fetch_with_gate_closed_error():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_request_reaching_a_closed_gate_counts_as_unsent():
+    """One that arrives after the close is counted and told why, like those that waited.
+
+    A probe saw requests_unsent_at_close one lower than the GateClosedError
+    count now and then: a late arrival was not counted.
+    """
+    downloader, clock = make_downloader({"DOWNLOAD_DELAY": ONE_DELAY})
+    handler = handler_of(downloader)
+    first = Request("https://a.example/1")
+    outcome(downloader.fetch(first))
+    await settle()
+    downloader.close()
+    before = downloader.crawler.stats.get_value("throttling/requests_unsent_at_close", 0)
+    box = outcome(downloader.fetch(Request("https://a.example/late")))
+    await settle()
+    assert box[0].check(GateClosedError)
+    assert "https://a.example/late" in str(box[0].value)
+    assert "a.example" in str(box[0].value)
+    after = downloader.crawler.stats.get_value("throttling/requests_unsent_at_close", 0)
+    assert after == before + 1
+    handler.finish(first.url)
+    await settle()
+
+
+@pytest_twisted.ensureDeferred
 async def test_handler_raising_releases_the_scope():
     """A handler that raises before any I/O still gives the scope's slot back."""
     downloader, clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 1})
