@@ -400,7 +400,7 @@ async def test_a_request_reaching_a_closed_gate_counts_as_unsent():
     A probe saw requests_unsent_at_close one lower than the GateClosedError
     count now and then: a late arrival was not counted.
     """
-    downloader, clock = make_downloader({"DOWNLOAD_DELAY": ONE_DELAY})
+    downloader, _ = make_downloader({"DOWNLOAD_DELAY": ONE_DELAY})
     handler = handler_of(downloader)
     first = Request("https://a.example/1")
     outcome(downloader.fetch(first))
