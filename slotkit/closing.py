@@ -121,7 +121,10 @@ class SpiderClosing:
         states = {
             scope_id: state
             for scope_id, state in self._saved.items()
-            if state.get("hold_until", -math.inf) > now or "backoff_delay" in state
+            # A state loaded for a scope this run never used is kept while it matters.
+            if state.get("hold_until", -math.inf) > now
+            or "backoff_delay" in state
+            or state.get("quota_until", -math.inf) > now
         }
         for scope in self.registry.values():
             export = getattr(scope.manager, "export_state", None)

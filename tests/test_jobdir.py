@@ -112,6 +112,23 @@ def test_the_gap_after_a_resumed_scopes_first_request_runs_from_its_end() -> Non
     assert scope.can_send(100.8) == pytest.approx(0.35), "only once"
 
 
+def test_a_quota_saved_for_a_scope_left_unused_survives_another_pause(tmp_path: Path) -> None:
+    """Review: a resumed crawl that never touched the scope dropped its spent quota at its pause."""
+    from tests.test_downloader_unit import make_downloader
+
+    clock = Clock()
+    clock.advance(100.0)
+    ScopeStateStore(str(tmp_path), clock).save(
+        {"q.example": {"quota_used": 3.0, "quota_until": 130.0}}, {}
+    )
+    downloader, _ = make_downloader({"JOBDIR": str(tmp_path)}, clock=clock)
+    clock.advance(5.0)
+    downloader._save_states()
+    states, _ = ScopeStateStore(str(tmp_path), clock).load()
+    assert states["q.example"]["quota_until"] == pytest.approx(130.0, abs=0.5)
+    assert states["q.example"]["quota_used"] == 3.0
+
+
 def test_unreadable_state_file_is_ignored(tmp_path: Path) -> None:
     """A damaged state file means a fresh start, not a crash."""
     (tmp_path / "slotkit-scopes.json").write_text("{not json")

@@ -418,6 +418,132 @@ async def test_workers_go_back_to_the_store_together():
     cluster.close()
 
 
+def leases(cluster: Cluster, scope_id: str) -> set[str]:
+    """The leases the store holds for *scope_id*."""
+    return set(cluster.store.zsets.get(f"{{t}}:l:{scope_id}", {}))
+
+
+async def fall_back(cluster: Cluster, scope_id: str, count: int = 1, **config) -> list:
+    """Take the store down and start *count* requests per worker, through the fallback."""
+    futures = []
+    for w in cluster.workers:
+        w.backend.down = True
+        scope = w.scope(scope_id, **config)
+        futures += [
+            cluster.fetch(w, f"http://{scope_id}/{w.throttle.worker_id}/{i}", [scope])
+            for i in range(count)
+        ]
+    await settle()
+    await cluster.run_for(2.0)
+    assert all(w.throttle.mode == FALLBACK for w in cluster.workers)
+    return futures
+
+
+async def store_back_in_grace(cluster: Cluster) -> None:
+    """Bring the store back and run until every worker found it, before the switch."""
+    for w in cluster.workers:
+        w.backend.down = False
+    await cluster.run_for(0.6)
+    assert all(w.throttle.mode == FALLBACK and w.throttle._store_back for w in cluster.workers)
+
+
+@pytest_twisted.ensureDeferred
+async def test_closing_in_the_grace_gives_adopted_leases_back():
+    """Review: a worker closing before the switch left its adopted lease for lease_ttl."""
+    cluster = Cluster(2)
+    await cluster.run_for(1.1)
+    a = cluster.workers[0]
+    futures = await fall_back(cluster, "s", concurrency=2, delay=0.0)
+    await store_back_in_grace(cluster)
+    assert len(leases(cluster, "s")) == 2, "both fallback requests were told to the store"
+    a.throttle.release(futures[0].result())
+    await a.throttle.close()
+    await settle()
+    assert leases(cluster, "s") == {futures[1].result().lease}
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_adopt_that_failed_is_told_again():
+    """Review: the store flapped during the grace; the request it missed is told at the switch."""
+    cluster = Cluster(1)
+    await cluster.run_for(1.1)
+    (a,) = cluster.workers
+    (first,) = await fall_back(cluster, "x", concurrency=2, delay=0.0)
+    a.throttle.release(first.result())
+    await store_back_in_grace(cluster)
+    a.backend.down = True  # flaps: the adopt of the next request fails
+    second = cluster.fetch(a, "http://x/1", [a.scopes["x"]])
+    await settle()
+    ticket = second.result()
+    assert not ticket.adopted
+    a.backend.down = False
+    await cluster.run_for(3.0)
+    assert a.throttle.mode == SHARED
+    assert ticket.lease in leases(cluster, "x")
+    a.throttle.release(ticket)
+    await settle()
+    assert leases(cluster, "x") == set()
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_waiter_admitted_in_the_turn_of_the_switch_asks_the_store():
+    """Review: granted by the fallback and sent to the store in one turn, it went unannounced."""
+    cluster = Cluster(1)
+    await cluster.run_for(1.1)
+    (a,) = cluster.workers
+    first, second = await fall_back(cluster, "y", count=2, concurrency=1, delay=0.0)
+    assert first.done()
+    assert not second.done()
+    await store_back_in_grace(cluster)
+    a.throttle.release(first.result())  # grants the waiter...
+    a.throttle._resync()  # ...and the switch comes in the same turn
+    await settle()
+    ticket = second.result()
+    assert ticket.fallback_ticket is None, "it went through the store"
+    assert leases(cluster, "y") == {ticket.lease}
+    third = cluster.fetch(a, "http://y/2", [a.scopes["y"]])
+    await settle()
+    await cluster.run_for(0.2)
+    assert not third.done(), "the store's only slot is taken"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_beat_answered_after_close_starts_nothing():
+    """Review: a late beat reply adopted leases and armed the switch after close."""
+    from twisted.internet.defer import Deferred
+
+    cluster = Cluster(1)
+    await cluster.run_for(1.1)
+    (a,) = cluster.workers
+    (future,) = await fall_back(cluster, "z", concurrency=2, delay=0.0)
+    a.backend.down = False
+    answer = a.backend.run
+
+    def late(keys, argv):
+        d: Deferred = Deferred()
+        reply = answer(keys, argv)
+        a.clock.callLater(0.05, lambda: reply.chainDeferred(d))
+        return d
+
+    a.backend.run = late
+    for _ in range(100):
+        cluster.advance(0.01)
+        await settle(2)
+        if a.throttle._beat_in_flight:
+            break
+    assert a.throttle._beat_in_flight
+    a.throttle.close()
+    cluster.advance(0.06)
+    await settle()
+    assert a.throttle._resync_call is None
+    assert not future.result().adopted
+    assert leases(cluster, "z") == set()
+    cluster.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_frozen_store_falls_back_within_a_second():
     """A store that stops answering: calls time out and the worker falls back within 1 s."""

@@ -154,7 +154,9 @@ class StoreLink:
             if call is not None and call.active():
                 call.cancel()
         leaving: Deferred[Any] = succeed(None)
-        if self.mode == SHARED:
+        if self.mode == SHARED or self._store_back:
+            # Back from a fallback the store answers again and holds leases of
+            # this worker's (adopted) requests: they ride on the leave call.
             leaving = self._call([self.workers_key], "leave", [])
             leaving.addErrback(lambda _: None)
 
@@ -257,6 +259,7 @@ class StoreLink:
     def _enter_fallback(self, now: float, failure: Failure) -> None:
         self.mode = FALLBACK
         self._store_back = False
+        self._cancel_resync()
         self.fallbacks += 1
         self.fell_back_at = now
         logger.warning(
@@ -280,6 +283,8 @@ class StoreLink:
         requests as it goes (see :meth:`_adopt`): when the workers switch,
         the store knows what all of their fallbacks have in flight.
         """
+        if self._closed:
+            return
         if wait <= 0:
             self._resync()
             return
@@ -296,8 +301,16 @@ class StoreLink:
         if self.mode == FALLBACK and self._failures == 0 and not self._closed:
             self._resync()
 
+    def _cancel_resync(self) -> None:
+        if self._resync_call is not None and self._resync_call.active():
+            self._resync_call.cancel()
+        self._resync_call = None
+
     def _resync(self) -> None:
         """The store answered again: write back known holds, free leftovers, go shared."""
+        if self._closed:
+            return
+        self._cancel_resync()
         now = self.clock.seconds()
         self.mode = SHARED
         self.resyncs += 1
@@ -330,24 +343,40 @@ class StoreLink:
         each scope's next dispatch waits for the gap left after this
         worker's last one.
         """
+        told = [ticket for ticket in tickets if not ticket.adopted]
         leases_of: dict[str, list[str]] = {}
-        for ticket in tickets:
-            if ticket.lease is not None:
-                continue
-            ticket.lease = f"{self.worker_id}:{next(self._leases)}"
-            for scope_id in ticket.scope_ids:
+        managers_of: dict[str, SharedScopeManager] = {}
+        for ticket in told:
+            # A retry keeps the lease id: the store may have taken it already.
+            ticket.lease = ticket.lease or f"{self.worker_id}:{next(self._leases)}"
+            ticket.adopted = True
+            for scope_id, manager in zip(ticket.scope_ids, ticket.managers, strict=True):
                 leases_of.setdefault(scope_id, []).append(ticket.lease)
+                managers_of[scope_id] = manager
+        gaps: dict[str, float] = {}
         for manager in managers:
             scope_id = manager.scope_id or ""
             last = manager.fallback.last_sent
             interval = max(manager.delay, manager.crawl_delay)
             gap = 0.0 if last is None else max(0.0, last + interval - now)
+            if gap > 0:
+                gaps[scope_id] = gap
+                managers_of[scope_id] = manager
+        if not managers_of:
+            return
+        scope_ids = sorted(managers_of)
+        key_ttl = max([self.options.key_ttl, *(m.window for m in managers_of.values())])
+        args = [fmt(self.options.lease_ttl), fmt(key_ttl), str(len(scope_ids))]
+        for scope_id in scope_ids:
             leases = leases_of.get(scope_id, [])
-            if gap <= 0 and not leases:
-                continue
-            key_ttl = max(self.options.key_ttl, manager.window)
-            args = [fmt(self.options.lease_ttl), fmt(key_ttl), "1", fmt(gap), str(len(leases))]
-            self._call(self._keys([scope_id]), "adopt", args + leases).addErrback(lambda _: None)
+            args += [fmt(gaps.get(scope_id, 0.0)), str(len(leases)), *leases]
+
+        def failed(_: object) -> None:
+            for ticket in told:
+                ticket.adopted = False  # told again by the next adopt (re-sync at the latest)
+
+        # One call, so a request's scopes are told together or not at all.
+        self._call(self._keys(scope_ids), "adopt", args).addErrback(failed)
 
     def _reroute_fallback_waits(self) -> None:
         """Send the requests waiting in the fallback gate to the store.
@@ -384,6 +413,8 @@ class StoreLink:
 
         def ok(reply: list[str]) -> None:
             self._beat_in_flight = False
+            if self._closed:
+                return  # answered after close: nothing to adopt or resume
             if self.mode == FALLBACK:
                 self._resync_in(float(reply[2]) if len(reply) > 2 else 0.0)
             else:

@@ -28,10 +28,10 @@ class ThrottleOptions:
     beat: float = 1.0
     probe: float = 0.5
     #: After an outage every worker goes back to the store at one moment, this
-    #: long after the first one found it back: longer than ``probe``, so the
-    #: others have found it too, and none sends beside a fallback the store
-    #: has not been told of.
-    resync_grace: float = 0.75
+    #: long after the first one found it back: longer than ``probe`` plus
+    #: ``timeout`` (a frozen store is found back only after both), so the
+    #: others have found it too and told it of their fallbacks' requests.
+    resync_grace: float = 1.0
     #: A worker not heard of for this long no longer counts in N.
     worker_ttl: float = 5.0
     #: A lease not given back (a worker died) frees its slot after this long.
@@ -70,3 +70,5 @@ class Pass:
     sent_at: float = 0.0
     #: Give the lease back at once: its scope had no free slot left.
     urgent: bool = False
+    #: A fallback request the store has been told of (see StoreLink._adopt).
+    adopted: bool = False

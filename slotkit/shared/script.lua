@@ -85,9 +85,18 @@ local n = redis.call('ZCARD', workers)
 if n < 1 then n = 1 end
 -- This worker's place among the live ones, ordered by id: while the store is
 -- down, a scope with fewer slots than workers is left to the first ones.
+-- Byte by byte: Lua's own '<' follows the server's locale.
+local function before(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
 local rank = 0
 for _, id in ipairs(redis.call('ZRANGE', workers, 0, -1)) do
-  if id < wid then rank = rank + 1 end
+  if before(id, wid) then rank = rank + 1 end
 end
 local N = tostring(n) .. ':' .. tostring(rank)
 
@@ -113,7 +122,9 @@ if op == 'beat' and ARGV[o + 1] then
   if at == nil then
     at = now + grace
     redis.call('HSET', KEYS[2], 'at', fmt(at))
-    pexpire(KEYS[2], 2 * grace)
+    -- Kept a while past the moment: a worker finding the store back late
+    -- switches at once instead of starting a new grace beside shared ones.
+    pexpire(KEYS[2], 3 * grace)
   end
   return {'ok', N, fmt(at - now)}
 end
@@ -210,7 +221,10 @@ if op == 'adopt' then
     for j = 1, m do
       redis.call('ZADD', lkey, fmt(now + lease_ttl), ARGV[b + 2 + j])
     end
-    if m > 0 then pexpire(lkey, lease_ttl + 1) end
+    -- Never shorten the set's life: an acquire may have reserved further ahead.
+    if m > 0 and redis.call('PTTL', lkey) < math.ceil((lease_ttl + 1) * 1000) then
+      pexpire(lkey, lease_ttl + 1)
+    end
     b = b + 2 + m
   end
   return {'ok', N}

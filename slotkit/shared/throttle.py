@@ -158,22 +158,29 @@ class SharedThrottle(StoreLink):
 
     async def _reserve_locally(self, request: Request, ticket: Pass) -> bool:
         """Admit *ticket* through the fallback gate; False if the store came back first."""
-        self.fallback_requests += 1
         scopes = [self._fallback_scope(m) for m in ticket.managers]
         waiter = self._fallback_gate.try_acquire(request, scopes, ticket.amounts)
         if waiter is None:
-            waiting = self._fallback_gate.acquire(
-                request, scopes, ticket.amounts, request.priority
-            )
+            waiting = self._fallback_gate.acquire(request, scopes, ticket.amounts, request.priority)
             self._fallback_waits[waiting] = False
             try:
                 waiter = await maybe_deferred_to_future(waiting)
             except CancelledError:
-                if self._fallback_waits.pop(waiting, False) and not self._stopping:
-                    return False  # cancelled by the re-sync, not by the caller
-                raise
+                if not self._fallback_waits.pop(waiting, False):
+                    raise  # the caller cancelled
+                if self._stopping:
+                    raise GateClosedError("the downloader closed") from None
+                return False  # sent to the store by the re-sync
             finally:
-                self._fallback_waits.pop(waiting, None)
+                rerouted = self._fallback_waits.pop(waiting, False)
+            if rerouted:
+                # Admitted in the very turn the re-sync sent it to the store:
+                # the store is not told of it, so give the place back and ask.
+                self._fallback_gate.release(waiter)
+                if self._stopping:
+                    raise GateClosedError("the downloader closed")
+                return False
+        self.fallback_requests += 1
         ticket.fallback_ticket = waiter
         ticket.sent_at = self.clock.seconds()
         self._fallback_in_flight[id(ticket)] = ticket

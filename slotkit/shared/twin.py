@@ -217,7 +217,7 @@ class TwinStore:
             if stored is None:
                 at = now + grace
                 self.hashes[resync_key] = {"at": fmt(at)}
-                self._pexpire(resync_key, 2 * grace)
+                self._pexpire(resync_key, 3 * grace)
             else:
                 at = float(stored)
             return ["ok", count, fmt(at - now)]
@@ -302,7 +302,8 @@ class TwinStore:
                 save(skey, st, key_ttl)
                 for j in range(m):
                     self._zadd(lkey, fmt(now + lease_ttl), argv[b + 3 + j])
-                if m > 0:
+                left = self.ttl(lkey)
+                if m > 0 and (left is None or left * 1000 < math.ceil((lease_ttl + 1) * 1000)):
                     self._pexpire(lkey, lease_ttl + 1)
                 b += 2 + m
             return ["ok", count]
