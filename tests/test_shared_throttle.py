@@ -355,6 +355,21 @@ def test_fallback_splits_concurrency_exactly_by_rank():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_scope_made_before_the_worker_count_is_known_gets_its_share():
+    """Review: a scope registered before the first reply kept a fallback at 1/1 of the limits.
+
+    A single failed call in shared mode sends its request to the fallback,
+    so its share must follow the live worker count as replies bring it.
+    """
+    cluster = Cluster(2)
+    managers = [w.scope("early", concurrency=4, delay=DELAY).manager for w in cluster.workers]
+    await cluster.run_for(1.1)
+    assert [m.fallback.concurrency for m in managers] == [2, 2]
+    assert [m.fallback.delay for m in managers] == [2 * DELAY, 2 * DELAY]
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_fewer_slots_than_workers_never_fail_open():
     """Concurrency 2 over 3 workers: 2 in flight while the store is down, then the rest.
 

@@ -213,8 +213,13 @@ class StoreLink:
         self._last_success = self._alive_at = self.clock.seconds()
         if len(reply) > 1:
             count, _, rank = reply[1].partition(":")
-            self.workers = max(1, int(count))
-            self.rank = int(rank or 0)
+            workers, place = max(1, int(count)), int(rank or 0)
+            if (workers, place) != (self.workers, self.rank):
+                # A worker came or went: a call failing from now on sends its
+                # request to the fallback at this worker's new share.
+                self.workers, self.rank = workers, place
+                for manager in self._managers.values():
+                    manager.scale(workers, place)
         if self._fallback_waits and self.mode == SHARED:
             # One failed call sent them to the fallback, but the store answers.
             self._reroute_fallback_waits()
