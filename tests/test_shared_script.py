@@ -173,8 +173,10 @@ def random_ops(seed: int, count: int = 300):
             argv = ["adopt", fmt(now), worker, fmt(5.0), "0", fmt(10.0), fmt(600.0)]
             argv.append(str(len(chosen)))
             lease = f"{worker}:{i}"
-            for _ in chosen:
-                argv += [fmt(rng.choice([0.0, 0.4, 2.0])), "1", lease]
+            for name in chosen:
+                units = rng.choice([0.0, 0.0, 1.0, 2.5])
+                window = configs[name].get("window", 10.0)
+                argv += [fmt(rng.choice([0.0, 0.4, 2.0])), fmt(units), fmt(window), "1", lease]
             leases.append((lease, chosen, [configs[name]["concurrency"] for name in chosen]))
             yield keys(*chosen), argv
         elif rng.random() < 0.5:

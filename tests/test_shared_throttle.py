@@ -560,6 +560,28 @@ async def test_a_beat_answered_after_close_starts_nothing():
 
 
 @pytest_twisted.ensureDeferred
+async def test_quota_spent_by_the_fallback_counts_in_the_store():
+    """Probe: the window of the switch back got 41 requests against a quota of 20.
+
+    The fallbacks spend 1/N of the quota each; the store is told, so what
+    waited for the store does not get a whole quota on top in that window.
+    """
+    cluster = Cluster(2)
+    await cluster.run_for(1.1)  # store time 1001.1: the 10 s window [1000, 1010)
+    await fall_back(cluster, "q", count=3, concurrency=10, delay=0.0, quota=4, window=10.0)
+    assert len(all_sends(cluster)) == 4, "2 each: half the quota per worker"
+    for w in cluster.workers:
+        w.backend.down = False
+    await cluster.run_for(2.0)
+    assert all(w.throttle.mode == SHARED for w in cluster.workers)
+    await cluster.run_for(1009.5 - cluster.clock.seconds())
+    assert len(all_sends(cluster)) == 4, "the window's quota was spent by the fallbacks"
+    await cluster.run_for(2.0)
+    assert len(all_sends(cluster)) == 6, "no request lost"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_frozen_store_falls_back_within_a_second():
     """A store that stops answering: calls time out and the worker falls back within 1 s."""
     cluster = Cluster(1)

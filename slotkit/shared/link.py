@@ -211,7 +211,10 @@ class StoreLink:
     def _succeeded(self, reply: list[str]) -> list[str]:
         self._failures = 0
         self._last_success = self._alive_at = self.clock.seconds()
-        if len(reply) > 1:
+        if len(reply) > 1 and self.mode == SHARED:
+            # Not while falling back: a restarted store first counts only the
+            # workers that found it back, and the fallback's shares must hold
+            # until every worker goes back to it together.
             count, _, rank = reply[1].partition(":")
             workers, place = max(1, int(count)), int(rank or 0)
             if (workers, place) != (self.workers, self.rank):
@@ -359,26 +362,39 @@ class StoreLink:
                 leases_of.setdefault(scope_id, []).append(ticket.lease)
                 managers_of[scope_id] = manager
         gaps: dict[str, float] = {}
-        for manager in managers:
+        for manager in [*managers, *managers_of.values()]:
             scope_id = manager.scope_id or ""
             last = manager.fallback.last_sent
             interval = max(manager.delay, manager.crawl_delay)
             gap = 0.0 if last is None else max(0.0, last + interval - now)
-            if gap > 0:
+            if gap > 0 or manager.untold_units > 0:
                 gaps[scope_id] = gap
                 managers_of[scope_id] = manager
         if not managers_of:
             return
         scope_ids = sorted(managers_of)
+        # Units spent longer than a window ago no longer count anywhere.
+        units = {
+            scope_id: min(m.untold_units, m.fallback.quota.used(now))
+            for scope_id, m in managers_of.items()
+            if m.untold_units > 0 and m.fallback.quota is not None
+        }
+        for scope_id in units:
+            managers_of[scope_id].untold_units = 0.0
         key_ttl = max([self.options.key_ttl, *(m.window for m in managers_of.values())])
         args = [fmt(self.options.lease_ttl), fmt(key_ttl), str(len(scope_ids))]
         for scope_id in scope_ids:
             leases = leases_of.get(scope_id, [])
-            args += [fmt(gaps.get(scope_id, 0.0)), str(len(leases)), *leases]
+            spent = units.get(scope_id, 0.0)
+            window = managers_of[scope_id].window
+            args += [fmt(gaps.get(scope_id, 0.0)), fmt(spent), fmt(window), str(len(leases))]
+            args += leases
 
         def failed(_: object) -> None:
             for ticket in told:
                 ticket.adopted = False  # told again by the next adopt (re-sync at the latest)
+            for scope_id, spent in units.items():
+                managers_of[scope_id].untold_units += spent
 
         # One call, so a request's scopes are told together or not at all.
         self._call(self._keys(scope_ids), "adopt", args).addErrback(failed)

@@ -78,6 +78,8 @@ class SharedScopeManager:
         )
         self._workers = 1
         self._rank = 0
+        #: Quota units the fallback spent that the store has not been told of.
+        self.untold_units = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, config: Any) -> SharedScopeManager:

@@ -26,8 +26,9 @@
 --            then the six rampup ones as in acquire, concurrency, and the
 --            rampup target's high end
 --   quota:   key ttl, n scopes, then 4 per scope: consumed, remaining (< 0: unknown), quota, window
---   adopt:   lease ttl, key ttl, n scopes, then per scope: gap (seconds), m leases,
---            then the m lease ids -- a fallback's requests in flight and its pace
+--   adopt:   lease ttl, key ttl, n scopes, then per scope: gap (seconds), quota units
+--            spent, quota window, m leases, then the m lease ids -- what a fallback
+--            has in flight, its pace and the quota it spent
 --   beat:    (nothing) -- heartbeat; replies with the live worker count; or, from a
 --            worker back from its fallback, a grace (seconds) and KEYS[2] the resync
 --            hash: the reply adds the wait until every worker goes back to the store
@@ -213,19 +214,30 @@ if op == 'adopt' then
   local b = o + 3
   for i = 1, scopes do
     local gap = tonumber(ARGV[b + 1])
-    local m = tonumber(ARGV[b + 2])
+    local units = tonumber(ARGV[b + 2])
+    local window = tonumber(ARGV[b + 3])
+    local m = tonumber(ARGV[b + 4])
     local skey, lkey = KEYS[2 * i], KEYS[2 * i + 1]
     local st = load(skey)
     if now + gap > st.tat then st.tat = now + gap end
+    -- Quota units the fallback spent count in the current window.
+    if units > 0 and window > 0 then
+      local widx = math.floor(now / window)
+      if st.qw ~= widx then
+        st.qw = widx
+        st.qu = 0
+      end
+      st.qu = st.qu + units
+    end
     save(skey, st, key_ttl)
     for j = 1, m do
-      redis.call('ZADD', lkey, fmt(now + lease_ttl), ARGV[b + 2 + j])
+      redis.call('ZADD', lkey, fmt(now + lease_ttl), ARGV[b + 4 + j])
     end
     -- Never shorten the set's life: an acquire may have reserved further ahead.
     if m > 0 and redis.call('PTTL', lkey) < math.ceil((lease_ttl + 1) * 1000) then
       pexpire(lkey, lease_ttl + 1)
     end
-    b = b + 2 + m
+    b = b + 4 + m
   end
   return {'ok', N}
 end

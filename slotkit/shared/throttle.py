@@ -181,6 +181,9 @@ class SharedThrottle(StoreLink):
                     raise GateClosedError("the downloader closed")
                 return False
         self.fallback_requests += 1
+        for manager, amount in zip(ticket.managers, ticket.amounts, strict=True):
+            if manager.quota is not None:
+                manager.untold_units += 1.0 if amount is None else amount
         ticket.fallback_ticket = waiter
         ticket.sent_at = self.clock.seconds()
         self._fallback_in_flight[id(ticket)] = ticket

@@ -294,18 +294,25 @@ class TwinStore:
             lease_ttl, key_ttl = float(argv[o + 1]), float(argv[o + 2])
             b = o + 3
             for i in range(int(argv[o + 3])):
-                gap, m = float(argv[b + 1]), int(argv[b + 2])
+                gap, units, window = (float(argv[b + k]) for k in (1, 2, 3))
+                m = int(argv[b + 4])
                 skey, lkey = keys[1 + 2 * i], keys[2 + 2 * i]
                 st = load(skey)
                 if now + gap > st.tat:
                     st.tat = now + gap
+                if units > 0 and window > 0:
+                    widx = math.floor(now / window)
+                    if st.qw != widx:
+                        st.qw = widx
+                        st.qu = 0.0
+                    st.qu = st.qu + units
                 save(skey, st, key_ttl)
                 for j in range(m):
-                    self._zadd(lkey, fmt(now + lease_ttl), argv[b + 3 + j])
+                    self._zadd(lkey, fmt(now + lease_ttl), argv[b + 5 + j])
                 left = self.ttl(lkey)
                 if m > 0 and (left is None or left * 1000 < math.ceil((lease_ttl + 1) * 1000)):
                     self._pexpire(lkey, lease_ttl + 1)
-                b += 2 + m
+                b += 4 + m
             return ["ok", count]
 
         raise ValueError(f"slotkit: unknown operation {op!r}")
