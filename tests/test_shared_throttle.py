@@ -303,16 +303,8 @@ async def test_requests_waiting_in_the_fallback_ask_the_store_once_it_is_back():
     """
     cluster = Cluster(2)
     await cluster.run_for(1.1)  # heartbeats: both workers count, N = 2
-    futures = []
-    for w in cluster.workers:
-        scope = w.scope("r", concurrency=20)
-        w.backend.down = True
-        futures += [
-            cluster.fetch(w, f"http://r/{w.throttle.worker_id}/{i}", [scope]) for i in range(6)
-        ]
-    await settle()
-    await cluster.run_for(2.5)
-    assert all(w.throttle.mode == FALLBACK for w in cluster.workers)
+    await fall_back(cluster, "r", count=6, concurrency=20)
+    await cluster.run_for(0.5)  # a second fallback dispatch each, 2 * DELAY apart
     in_fallback = len(all_sends(cluster))
     assert 2 <= in_fallback < 12
     for w in cluster.workers:
@@ -379,16 +371,7 @@ async def test_fewer_slots_than_workers_never_fail_open():
     cluster = Cluster(3)
     await cluster.run_for(1.1)
     assert sorted(w.throttle.rank for w in cluster.workers) == [0, 1, 2]
-    futures = []
-    for w in cluster.workers:
-        scope = w.scope("c", concurrency=2, delay=0.0)
-        w.backend.down = True
-        futures += [
-            cluster.fetch(w, f"http://c/{w.throttle.worker_id}/{i}", [scope]) for i in range(2)
-        ]
-    await settle()
-    await cluster.run_for(3.0)
-    assert all(w.throttle.mode == FALLBACK for w in cluster.workers)
+    futures = await fall_back(cluster, "c", count=2, concurrency=2, delay=0.0)
     assert len(all_sends(cluster)) == 2, "the shared concurrency holds in the fallback"
     for w in cluster.workers:
         w.backend.down = False
@@ -454,6 +437,14 @@ async def fall_back(cluster: Cluster, scope_id: str, count: int = 1, **config) -
     return futures
 
 
+async def lone_worker_in_fallback(scope_id: str, count: int = 1, **config) -> tuple:
+    """One worker that knew the store, now falling back with *count* requests started."""
+    cluster = Cluster(1)
+    await cluster.run_for(1.1)
+    futures = await fall_back(cluster, scope_id, count=count, **config)
+    return cluster, cluster.workers[0], futures
+
+
 async def store_back_in_grace(cluster: Cluster) -> None:
     """Bring the store back and run until every worker found it, before the switch."""
     for w in cluster.workers:
@@ -481,10 +472,7 @@ async def test_closing_in_the_grace_gives_adopted_leases_back():
 @pytest_twisted.ensureDeferred
 async def test_an_adopt_that_failed_is_told_again():
     """Review: the store flapped during the grace; the request it missed is told at the switch."""
-    cluster = Cluster(1)
-    await cluster.run_for(1.1)
-    (a,) = cluster.workers
-    (first,) = await fall_back(cluster, "x", concurrency=2, delay=0.0)
+    cluster, a, (first,) = await lone_worker_in_fallback("x", concurrency=2, delay=0.0)
     a.throttle.release(first.result())
     await store_back_in_grace(cluster)
     a.backend.down = True  # flaps: the adopt of the next request fails
@@ -505,10 +493,9 @@ async def test_an_adopt_that_failed_is_told_again():
 @pytest_twisted.ensureDeferred
 async def test_a_waiter_admitted_in_the_turn_of_the_switch_asks_the_store():
     """Review: granted by the fallback and sent to the store in one turn, it went unannounced."""
-    cluster = Cluster(1)
-    await cluster.run_for(1.1)
-    (a,) = cluster.workers
-    first, second = await fall_back(cluster, "y", count=2, concurrency=1, delay=0.0)
+    cluster, a, (first, second) = await lone_worker_in_fallback(
+        "y", count=2, concurrency=1, delay=0.0
+    )
     assert first.done()
     assert not second.done()
     await store_back_in_grace(cluster)
@@ -530,10 +517,7 @@ async def test_a_beat_answered_after_close_starts_nothing():
     """Review: a late beat reply adopted leases and armed the switch after close."""
     from twisted.internet.defer import Deferred
 
-    cluster = Cluster(1)
-    await cluster.run_for(1.1)
-    (a,) = cluster.workers
-    (future,) = await fall_back(cluster, "z", concurrency=2, delay=0.0)
+    cluster, a, (future,) = await lone_worker_in_fallback("z", concurrency=2, delay=0.0)
     a.backend.down = False
     answer = a.backend.run
 
