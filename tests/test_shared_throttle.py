@@ -314,7 +314,7 @@ async def test_requests_waiting_in_the_fallback_ask_the_store_once_it_is_back():
     resynced = max(w.throttle.resynced_at or 0.0 for w in cluster.workers)
     for w in cluster.workers:
         assert w.scopes["r"].manager.fallback.delay == 2 * DELAY, "the fallback stays at 1/N"
-        assert not w.throttle._fallback_waits
+        assert not w.throttle.local.waits
     await cluster.run_for(12 * DELAY)
     sends = all_sends(cluster)
     assert len(sends) == 12, "no request lost"

@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredLock, succeed
 
-from slotkit.gate import Gate, Waiter
-from slotkit.registry import Scope
 from slotkit.shared.client import StoreDownError, _as_store_error
+from slotkit.shared.fallback import LocalFallback, adoption
 from slotkit.shared.manager import SharedScopeManager
 from slotkit.shared.options import ThrottleOptions
 from slotkit.shared.twin import fmt
@@ -79,13 +78,7 @@ class StoreLink:
         #: When a call last proved this worker alive to the store (none yet).
         self._alive_at = -math.inf
         self._managers: dict[str, SharedScopeManager] = {}
-        self._fallback_gate = Gate(clock)
-        self._fallback_scopes: dict[str, Scope] = {}
-        #: Requests waiting in the fallback gate; True once the store is back
-        #: and their wait is cancelled so that they ask the store instead.
-        self._fallback_waits: dict[Deferred[Waiter], bool] = {}
-        #: Requests the fallback admitted that are still in flight, by id().
-        self._fallback_in_flight: dict[int, Pass] = {}
+        self.local = LocalFallback(clock)
         self.sleeps = Sleeps(clock)
         #: One reservation at a time per scope and worker: the next request of
         #: the scope asks the store only once the previous one has gone. Keeps
@@ -138,7 +131,7 @@ class StoreLink:
         """Fail every request still waiting for the store or the fallback (spider closing)."""
         self._stopping = True
         self.sleeps.end_all(None)
-        self._fallback_gate.close(list(self._fallback_scopes.values()), reason)
+        self.local.close(reason)
 
     def close(self) -> Deferred[None]:
         """Stop the heartbeat, fail what still waits, give leases back, leave, disconnect.
@@ -223,9 +216,9 @@ class StoreLink:
                 self.workers, self.rank = workers, place
                 for manager in self._managers.values():
                     manager.scale(workers, place)
-        if self._fallback_waits and self.mode == SHARED:
+        if self.local.waits and self.mode == SHARED:
             # One failed call sent them to the fallback, but the store answers.
-            self._reroute_fallback_waits()
+            self.local.reroute()
         return reply
 
     def _failed(self, failure: Failure) -> Failure:
@@ -299,7 +292,7 @@ class StoreLink:
         if not self._store_back:
             self._store_back = True
             self._adopt(
-                self.clock.seconds(), self._fallback_in_flight.values(), self._managers.values()
+                self.clock.seconds(), self.local.in_flight.values(), self._managers.values()
             )
         if self._resync_call is None or not self._resync_call.active():
             self._resync_call = self.clock.callLater(wait, self._resync_when_due)
@@ -331,9 +324,9 @@ class StoreLink:
             manager.scale(self.workers, self.rank)
         if self._releases:
             self._flush()
-        self._adopt(now, self._fallback_in_flight.values(), self._managers.values())
+        self._adopt(now, self.local.in_flight.values(), self._managers.values())
         self._store_back = False
-        self._reroute_fallback_waits()
+        self.local.reroute()
         self.backend.subscribe(self.channel, self._event)
         logger.info("slotkit: the shared throttling store is back; throttling is shared again")
         if self._on_mode is not None:
@@ -346,69 +339,14 @@ class StoreLink:
 
         A restarted store knows nothing, and a thawed one never saw these
         requests: without this, the store would hand out every slot and an
-        immediate dispatch while the fallback's requests are still in flight.
-        Each ticket not told yet gets a lease (given back when it ends), and
-        each scope's next dispatch waits for the gap left after this
-        worker's last one.
+        immediate dispatch while the fallback's requests are still in flight
+        (see :func:`slotkit.shared.fallback.adoption`).
         """
-        told = [ticket for ticket in tickets if not ticket.adopted]
-        leases_of: dict[str, list[str]] = {}
-        managers_of: dict[str, SharedScopeManager] = {}
-        for ticket in told:
-            # A retry keeps the lease id: the store may have taken it already.
-            ticket.lease = ticket.lease or f"{self.worker_id}:{next(self._leases)}"
-            ticket.adopted = True
-            for scope_id, manager in zip(ticket.scope_ids, ticket.managers, strict=True):
-                leases_of.setdefault(scope_id, []).append(ticket.lease)
-                managers_of[scope_id] = manager
-        gaps: dict[str, float] = {}
-        for manager in [*managers, *managers_of.values()]:
-            scope_id = manager.scope_id or ""
-            last = manager.fallback.last_sent
-            interval = max(manager.delay, manager.crawl_delay)
-            gap = 0.0 if last is None else max(0.0, last + interval - now)
-            if gap > 0 or manager.untold_units > 0:
-                gaps[scope_id] = gap
-                managers_of[scope_id] = manager
-        if not managers_of:
-            return
-        scope_ids = sorted(managers_of)
-        # Units spent longer than a window ago no longer count anywhere.
-        units = {
-            scope_id: min(m.untold_units, m.fallback.quota.used(now))
-            for scope_id, m in managers_of.items()
-            if m.untold_units > 0 and m.fallback.quota is not None
-        }
-        for scope_id in units:
-            managers_of[scope_id].untold_units = 0.0
-        key_ttl = max([self.options.key_ttl, *(m.window for m in managers_of.values())])
-        args = [fmt(self.options.lease_ttl), fmt(key_ttl), str(len(scope_ids))]
-        for scope_id in scope_ids:
-            leases = leases_of.get(scope_id, [])
-            spent = units.get(scope_id, 0.0)
-            window = managers_of[scope_id].window
-            args += [fmt(gaps.get(scope_id, 0.0)), fmt(spent), fmt(window), str(len(leases))]
-            args += leases
-
-        def failed(_: object) -> None:
-            for ticket in told:
-                ticket.adopted = False  # told again by the next adopt (re-sync at the latest)
-            for scope_id, spent in units.items():
-                managers_of[scope_id].untold_units += spent
-
-        # One call, so a request's scopes are told together or not at all.
-        self._call(self._keys(scope_ids), "adopt", args).addErrback(failed)
-
-    def _reroute_fallback_waits(self) -> None:
-        """Send the requests waiting in the fallback gate to the store.
-
-        At the fallback's pace they would go on top of what the store hands
-        out, and a worker whose share of a small concurrency is 0 would hold
-        them for ever.
-        """
-        for waiting in list(self._fallback_waits):
-            self._fallback_waits[waiting] = True
-            waiting.cancel()
+        call = adoption(
+            now, tickets, managers, self.options, lambda: f"{self.worker_id}:{next(self._leases)}"
+        )
+        if call is not None:
+            self._call(self._keys(call.scope_ids), "adopt", call.args).addErrback(call.failed)
 
     def _schedule_beat(self, delay: float) -> None:
         if self._closed:

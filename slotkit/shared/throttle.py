@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from scrapy.utils.defer import maybe_deferred_to_future
-from twisted.internet.defer import CancelledError, DeferredLock
+from twisted.internet.defer import DeferredLock
 
 from slotkit.gate import GateClosedError
 from slotkit.registry import Scope
@@ -148,45 +148,15 @@ class SharedThrottle(StoreLink):
             sleep = self.sleeps.sleep(wait, ticket.scope_ids, kinds)
             await maybe_deferred_to_future(sleep.deferred)
 
-    def _fallback_scope(self, manager: SharedScopeManager) -> Scope:
-        scope_id = manager.scope_id or ""
-        scope = self._fallback_scopes.get(scope_id)
-        if scope is None or scope.manager is not manager.fallback:
-            scope = Scope(scope_id, manager.fallback)
-            self._fallback_scopes[scope_id] = scope
-        return scope
-
     async def _reserve_locally(self, request: Request, ticket: Pass) -> bool:
         """Admit *ticket* through the fallback gate; False if the store came back first."""
-        scopes = [self._fallback_scope(m) for m in ticket.managers]
-        waiter = self._fallback_gate.try_acquire(request, scopes, ticket.amounts)
-        if waiter is None:
-            waiting = self._fallback_gate.acquire(request, scopes, ticket.amounts, request.priority)
-            self._fallback_waits[waiting] = False
-            try:
-                waiter = await maybe_deferred_to_future(waiting)
-            except CancelledError:
-                if not self._fallback_waits.pop(waiting, False):
-                    raise  # the caller cancelled
-                if self._stopping:
-                    raise GateClosedError("the downloader closed") from None
-                return False  # sent to the store by the re-sync
-            finally:
-                rerouted = self._fallback_waits.pop(waiting, False)
-            if rerouted:
-                # Admitted in the very turn the re-sync sent it to the store:
-                # the store is not told of it, so give the place back and ask.
-                self._fallback_gate.release(waiter)
-                if self._stopping:
-                    raise GateClosedError("the downloader closed")
-                return False
+        if not await self.local.admit(request, ticket):
+            return False  # asks the store (or meets _stopping) in the caller's loop
         self.fallback_requests += 1
         for manager, amount in zip(ticket.managers, ticket.amounts, strict=True):
             if manager.quota is not None:
                 manager.untold_units += 1.0 if amount is None else amount
-        ticket.fallback_ticket = waiter
         ticket.sent_at = self.clock.seconds()
-        self._fallback_in_flight[id(ticket)] = ticket
         if self._store_back:
             self._adopt(ticket.sent_at, [ticket], ticket.managers)
         return True
@@ -199,10 +169,7 @@ class SharedThrottle(StoreLink):
 
     def release(self, ticket: Pass) -> None:
         """Give back what *ticket* holds (exactly once)."""
-        if ticket.fallback_ticket is not None:
-            waiter, ticket.fallback_ticket = ticket.fallback_ticket, None
-            self._fallback_in_flight.pop(id(ticket), None)
-            self._fallback_gate.release(waiter)
+        if self.local.release(ticket):
             if ticket.lease is not None:  # the store took it on at the re-sync
                 lease, ticket.lease = ticket.lease, None
                 self._give_back(ticket, lease, now=True)
@@ -213,9 +180,7 @@ class SharedThrottle(StoreLink):
         now = self.clock.seconds()
         for manager in ticket.managers:
             manager.fallback.record_done(now)
-            scope = self._fallback_scopes.get(manager.scope_id or "")
-            if scope is not None:
-                self._fallback_gate.poke(scope)
+            self.local.poke(manager.scope_id or "")
         self._give_back(ticket, lease, now=ticket.urgent)
 
     # Feedback
