@@ -92,9 +92,6 @@ class SpiderClosing:
         self._closing_reason = reason
         self._requeue_at_close = self._store is not None
         waiting = [waiter.request for waiter in self.gate.waiting]
-        # Requests still waiting for an address lookup go on to meet the closed
-        # gate, which counts them as unsent then (see Downloader._acquire).
-        at_gate = len(waiting)
         if self._lookups is not None:
             waiting += self._lookups.waiting_requests()
         self._save_states()
@@ -106,8 +103,6 @@ class SpiderClosing:
                 len(waiting),
                 " and go back to the scheduler (JOBDIR)" if self._store is not None else "",
             )
-            if at_gate:
-                self.stats.inc("requests_unsent_at_close", at_gate)
         self.gate.close(list(self.registry.values()), f"the spider closed ({reason})")
         if self._lookups is not None:
             # Only now: on a plain Twisted reactor a released request resumes at

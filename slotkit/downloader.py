@@ -276,6 +276,9 @@ class Downloader(ScopeControl, SpiderClosing):
                 try:
                     ticket = await self._acquire(request, scopes, amounts, delay)
                 except GateClosedError:
+                    # Each request the close cut off ends here once: at the gate,
+                    # arriving after (a lookup released), or waiting for a shared store.
+                    self.stats.inc("requests_unsent_at_close")
                     # A copy handed back at close that came straight back was an
                     # engine.download() request (its caller follows a Request
                     # result itself): handed back again it would loop forever.
@@ -308,9 +311,6 @@ class Downloader(ScopeControl, SpiderClosing):
         if ticket is not None:
             return ticket
         entered = self._clock.seconds()
-        if self.gate.closed:
-            # Reached the gate after the spider began to close: never sent either.
-            self.stats.inc("requests_unsent_at_close")
         waiting = self.gate.acquire(request, scopes, amounts, request.priority, delay)
         self.stats.waiting(len(self.gate.waiting))
         if self.config.debug:

@@ -377,11 +377,6 @@ class Gate:
 
     # Closing
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called: every new request fails at once."""
-        return self._closed
-
     def close(self, scopes: Sequence[Scope], reason: str = "the downloader closed") -> None:
         """Fail every waiter and cancel every timer; the gate admits nothing after this."""
         self._closed = True
