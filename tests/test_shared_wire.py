@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 import pytest_twisted
-from twisted.internet.defer import DeferredList
+from twisted.internet.defer import Deferred, DeferredList
 
 from slotkit.shared.client import AsyncioRedisBackend, StoreDownError
 from slotkit.shared.twin import fmt
@@ -73,4 +76,133 @@ async def test_a_killed_server_fails_calls_with_an_exception(redis_server):  # n
     redis_server.kill()
     with pytest.raises(StoreDownError):
         await store.run(KEYS, acquire("l0"))
+    await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_resp3_connection_answers_the_same(redis_server):  # noqa: F811
+    store = backend(redis_server.url + "?protocol=3")
+    await store.prepare()
+    first, second = await DeferredList(
+        [store.run(KEYS, acquire("l0")), store.run(KEYS, acquire("l1"))],
+        fireOnOneErrback=True,
+        consumeErrors=True,
+    )
+    assert first[1][0] == second[1][0] == "ok"
+    assert int(second[1][4]) == int(first[1][4]) - 1
+    await store.close()
+
+
+def aio(coro: Any) -> Deferred[Any]:
+    return Deferred.fromFuture(asyncio.ensure_future(coro))
+
+
+class FakeRedis:
+    """A loopback server that answers ``+OK`` to anything, and EVALSHA as a test says."""
+
+    def __init__(self, evalsha: list[bytes | None]) -> None:
+        #: The reply to each EVALSHA, in chunks 10 ms apart; None closes the connection.
+        self.evalsha = evalsha
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while header := await reader.readline():
+            words = []
+            for _ in range(int(header[1:])):
+                size = int((await reader.readline())[1:])
+                words.append((await reader.readexactly(size + 2))[:-2])
+            if words[0].upper() != b"EVALSHA":
+                writer.write(b"+OK\r\n")
+                continue
+            for chunk in self.evalsha:
+                if chunk is None:
+                    writer.close()
+                    return
+                writer.write(chunk)
+                await asyncio.sleep(0.01)
+
+    def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reply_split_over_several_reads_is_one_reply() -> None:
+    fake = FakeRedis([b"*3\r\n$2\r\nok\r\n$1", b"\r\nx\r\n:", b"5\r\n"])
+    store = backend(await aio(fake.start()))
+    assert await store.run(KEYS, ["ping"]) == ["ok", "x", 5]
+    assert await store.run(KEYS, ["ping"]) == ["ok", "x", 5]
+    await store.close()
+    fake.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_bytes_that_are_no_reply_fail_the_call_and_the_next_call_connects_again() -> None:
+    fake = FakeRedis([b"?garbage\r\n"])
+    store = backend(await aio(fake.start()))
+    with pytest.raises(StoreDownError, match="unknown reply type"):
+        await store.run(KEYS, ["ping"])
+    fake.evalsha = [b"*1\r\n+fine\r\n"]
+    assert await store.run(KEYS, ["ping"]) == ["fine"]
+    await store.close()
+    fake.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_server_that_closes_the_connection_mid_reply_fails_the_call() -> None:
+    fake = FakeRedis([b"*2\r\n+ha", None])
+    store = backend(await aio(fake.start()))
+    with pytest.raises(StoreDownError, match="closed"):
+        await store.run(KEYS, ["ping"])
+    fake.evalsha = [b"*1\r\n+again\r\n"]
+    assert await store.run(KEYS, ["ping"]) == ["again"]
+    await store.close()
+    fake.stop()
+
+
+async def published_until_heard(
+    store: AsyncioRedisBackend, url: str, channel: str, heard: list[str], tries: int = 200
+) -> None:
+    """Subscribe and publish on *channel* every 10 ms until a message was heard.
+
+    The throttle subscribes again after every successful call, which does
+    nothing while the subscription runs: this does the same.
+    """
+    import redis
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    publisher = redis.Redis.from_url(url)
+    try:
+        for i in range(tries):
+            if heard:
+                return
+            store.subscribe(channel, heard.append)
+            publisher.publish(channel, f"event {i}")
+            await deferLater(reactor, 0.01, lambda: None)
+        raise AssertionError(f"nothing heard on {channel} in {tries} tries")
+    finally:
+        publisher.close()
+
+
+@pytest.mark.parametrize("query", ["", "?protocol=3"])
+@pytest_twisted.ensureDeferred
+async def test_events_reach_the_subscriber_and_it_listens_again_after_a_restart(
+    redis_server,  # noqa: F811
+    query: str,
+) -> None:
+    store = backend(redis_server.url + query)
+    heard: list[str] = []
+    await published_until_heard(store, redis_server.url, "{w}:events", heard)
+    assert heard[0].startswith("event ")
+    redis_server.kill()
+    redis_server.start()
+    heard.clear()
+    await published_until_heard(store, redis_server.url, "{w}:events", heard)
+    assert heard[0].startswith("event ")
     await store.close()

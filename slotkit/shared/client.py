@@ -191,6 +191,7 @@ class AsyncioRedisBackend:
         )
         self._source = script_source()
         self._sha = hashlib.sha1(self._source.encode("utf-8")).hexdigest()
+        self._timeout = timeout
         self._listener: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         if clock is None:
@@ -257,20 +258,40 @@ class AsyncioRedisBackend:
     async def _listen(self, channel: str, callback: Callable[[str], object]) -> None:
         # Ends on the first error; the throttle calls subscribe() again after
         # its next successful call, so no retry loop (and no sleep) here.
-        pubsub = self._redis.pubsub()
+        # The connection is owned (slotkit.shared.owned): an event reaches
+        # the throttle in the turn of the loop that read it.
+        from slotkit.shared.owned import own_connection
+
+        ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+        def event(reply: Any) -> None:
+            # ["message", channel, data]; RESP3 sends the same as a push.
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == "message":
+                try:
+                    callback(reply[2])
+                except Exception:  # one bad event must not end the subscription
+                    logger.exception("slotkit: handling a shared-store event failed")
+            elif isinstance(reply, Exception):
+                lost(reply)
+
+        def lost(error: BaseException) -> None:
+            if not ended.done():
+                ended.set_result(error)
+
+        connection = replies = None
         try:
-            await pubsub.subscribe(channel)
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    try:
-                        callback(message["data"])
-                    except Exception:  # one bad event must not end the subscription
-                        logger.exception("slotkit: handling a shared-store event failed")
+            connection, replies = await own_connection(self._redis, self._timeout, event, lost)
+            replies.transport.writelines(connection.pack_command("SUBSCRIBE", channel))
+            error = await ended
+            logger.debug("slotkit: the shared-store subscription ended: %r", error)
         except Exception:
             logger.debug("slotkit: the shared-store subscription ended", exc_info=True)
         finally:
-            with contextlib.suppress(BaseException):
-                await pubsub.aclose()
+            if replies is not None:
+                replies.stop()
+            if connection is not None:
+                with contextlib.suppress(BaseException):
+                    await connection.disconnect(nowait=True)
 
     def close(self) -> Deferred[None]:
         """Stop listening, give up calls in flight, close every connection."""

@@ -1,21 +1,22 @@
-"""One pipelined redis-py connection for the script calls, tuned for a busy event loop.
+"""One pipelined Redis connection for the script calls, tuned for a busy event loop.
 
 redis-py's ``Redis.evalsha`` costs several turns of the event loop before
 the command even leaves: the pool's lock, then ``asyncio.wait_for`` around
-the write (a new task) whenever a socket timeout is set. In a crawler
-whose loop is busy with responses, each turn can take milliseconds, so the
-round trip of a 0.1 ms script grows to 5-10 ms.
+the write (a new task) whenever a socket timeout is set; and its reply
+wakes a reader task, one more turn queued behind everything else the loop
+has to do. In a crawler whose loop is busy with responses each turn can
+take milliseconds, so the round trip of a 0.1 ms script grows to 5-10 ms.
 
-:class:`ScriptWire` keeps one connection of redis-py's own
-(:class:`redis.asyncio.Connection`, with its parser) and:
+:class:`ScriptWire` owns one connection (:mod:`slotkit.shared.owned`):
 
-* writes each call at once, from the caller's turn of the loop (no task,
-  no lock): calls issued together are pipelined on the wire;
-* reads the replies in order in one reader task, which fires each call's
-  Deferred directly;
-* bounds every read by the timeout; a timeout or a connection error fails
-  every call in flight with :class:`StoreDownError` and drops the
-  connection (the next call reconnects).
+* each call is written at once, from the caller's turn of the loop (no
+  task, no lock): calls issued together are pipelined on the wire;
+* replies are parsed as their bytes are read and fire their calls'
+  Deferreds in order, in the turn that read them;
+* while calls wait, a reply must come within the timeout of the previous
+  one (or of the first call); otherwise, or on a connection error, every
+  call in flight fails with the store error and the connection is dropped
+  (the next call connects again).
 """
 
 from __future__ import annotations
@@ -28,11 +29,16 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from slotkit.shared.owned import Replies, own_connection
+
 __all__ = ["ScriptWire"]
+
+#: A call written and not answered yet: its Deferred, its arguments, when it was sent.
+_Call = tuple[Deferred[Any], Sequence[str], float]
 
 
 class ScriptWire:
-    """EVALSHA calls on one connection: written at once, replies read in order."""
+    """EVALSHA calls on one connection: written at once, answered as bytes arrive."""
 
     def __init__(
         self,
@@ -48,11 +54,12 @@ class ScriptWire:
         self._on_reply = on_reply
         self._now = now
         self._connection: Any = None
+        self._replies: Replies | None = None
         self._connecting: asyncio.Task[Any] | None = None
-        #: Calls written and not answered yet, in order: (deferred, argv, sent at).
-        self._waiting: deque[tuple[Deferred[Any], Sequence[str], float]] = deque()
-        self._reader: asyncio.Task[None] | None = None
-        self._reader_connection: Any = None
+        self._waiting: deque[_Call] = deque()
+        #: The loop's time of the last reply, or of the call that found none waiting.
+        self._progress = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -61,102 +68,96 @@ class ScriptWire:
         d: Deferred[Any] = Deferred()
         if self._closed:
             d.errback(self._store_error(ConnectionError("the connection is closed")))
-            return d
-        connection = self._connection
-        writer = getattr(connection, "_writer", None)
-        if connection is None or writer is None or writer.is_closing():
+        elif self._replies is None or self._replies.transport.is_closing():
             # First call, or after a failure: connect (in a task), then send.
             self._spawn(self._connect_and_send(d, args))
-            return d
-        self._send(connection, writer, d, args)
+        else:
+            self._send(d, args)
         return d
 
-    def _send(self, connection: Any, writer: Any, d: Deferred[Any], args: Sequence[str]) -> None:
+    def _send(self, d: Deferred[Any], args: Sequence[str]) -> None:
+        assert self._replies is not None
         try:
-            writer.writelines(connection.pack_command(*args))
+            self._replies.transport.writelines(self._connection.pack_command(*args))
         except Exception as exc:
             d.errback(self._store_error(exc))
             self._drop(exc)
             return
+        if not self._waiting:
+            self._progress = asyncio.get_running_loop().time()
+            self._watch()
         self._waiting.append((d, args, self._now()))
-        reader = self._reader
-        if reader is None or reader.done() or self._reader_connection is not connection:
-            self._reader_connection = connection
-            self._reader = asyncio.ensure_future(self._read(connection, self._waiting))
 
     async def _connect_and_send(self, d: Deferred[Any], args: Sequence[str]) -> None:
         try:
             if self._connecting is None or self._connecting.done():
                 self._connecting = asyncio.ensure_future(self._connect())
-            connection = await asyncio.shield(self._connecting)
+            await asyncio.shield(self._connecting)
         except BaseException as exc:
             if not d.called:
                 d.errback(self._store_error(exc))
             return
-        writer = getattr(connection, "_writer", None)
-        if writer is None:
-            d.errback(self._store_error(ConnectionError("no writer after connecting")))
+        if self._replies is None or self._replies.transport.is_closing():
+            d.errback(self._store_error(ConnectionError("the connection closed at once")))
             return
-        self._send(connection, writer, d, args)
+        self._send(d, args)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _connect(self) -> Any:
-        pool = self._redis.connection_pool
-        # The handshake reads replies without a socket timeout: bound it here.
-        try:
-            getting = pool.get_connection()
-        except TypeError:  # redis-py 5 wants a command name (8 warns about one)
-            getting = pool.get_connection("EVALSHA")
-        connection = await asyncio.wait_for(getting, 4 * self._timeout)
-        # Ours for good: never given back to the pool, so nothing else writes on it.
-        self._connection = connection
-        return connection
+    async def _connect(self) -> None:
+        connection, replies = await own_connection(
+            self._redis, self._timeout, self._replied, self._drop
+        )
+        if self._closed:
+            replies.stop()
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+            raise ConnectionError("the connection is closed")
+        self._connection, self._replies = connection, replies
 
-    async def _read(
-        self, connection: Any, waiting: deque[tuple[Deferred[Any], Sequence[str], float]]
-    ) -> None:
-        try:
-            while waiting:
-                try:
-                    reply = await connection.read_response(timeout=self._timeout)
-                except Exception as exc:
-                    from redis.exceptions import ResponseError
+    def _replied(self, reply: Any) -> None:
+        if not self._waiting:
+            self._drop(ConnectionError(f"a reply no call waited for: {reply!r}"))
+            return
+        d, args, sent = self._waiting.popleft()
+        self._progress = asyncio.get_running_loop().time()
+        if isinstance(reply, Exception):  # an error reply (NOSCRIPT): that call fails
+            if not d.called:
+                d.errback(reply)
+            return
+        with contextlib.suppress(Exception):
+            self._on_reply(sent, args, reply)
+        if not d.called:
+            d.callback(reply)
 
-                    if not isinstance(exc, ResponseError):
-                        raise
-                    reply = exc  # an error reply (NOSCRIPT): that call fails, the rest goes on
-                if reply is None:
-                    # redis-py's answer to a read that timed out (no command of
-                    # ours replies nil): the server is frozen or gone.
-                    raise TimeoutError(f"no reply within {self._timeout} s")
-                d, args, sent = waiting.popleft()
-                if isinstance(reply, Exception):
-                    if not d.called:
-                        d.errback(reply)
-                    continue
-                with contextlib.suppress(Exception):
-                    self._on_reply(sent, args, reply)
-                if not d.called:
-                    d.callback(reply)
-        except BaseException as exc:
-            if connection is self._connection:
-                self._drop(exc)
-            else:  # an older connection, already dropped: fail only its own calls
-                while waiting:
-                    d = waiting.popleft()[0]
-                    if not d.called:
-                        d.errback(self._store_error(exc))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+    def _watch(self) -> None:
+        """Fail the calls in flight when no reply comes within the timeout."""
+        if self._watchdog is None:
+            loop = asyncio.get_running_loop()
+            self._watchdog = loop.call_at(self._progress + self._timeout, self._check)
+
+    def _check(self) -> None:
+        self._watchdog = None
+        if not self._waiting:
+            return
+        if asyncio.get_running_loop().time() - self._progress >= self._timeout:
+            self._drop(TimeoutError(f"no reply within {self._timeout} s"))
+        else:
+            self._watch()
 
     def _drop(self, error: BaseException) -> None:
         """The connection failed: fail every call in flight, forget the connection."""
         connection, self._connection = self._connection, None
+        if self._replies is not None:
+            self._replies.stop()
+            self._replies = None
         waiting, self._waiting = self._waiting, deque()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for d, _, _ in waiting:
             if not d.called:
                 d.errback(self._store_error(error))
@@ -166,7 +167,7 @@ class ScriptWire:
 
     def close(self) -> None:
         self._closed = True
-        for task in (self._reader, self._connecting, *self._background):
+        for task in (self._connecting, *self._background):
             if task is not None:
                 task.cancel()
         self._drop(ConnectionError("the connection is closed"))
