@@ -206,3 +206,45 @@ async def test_events_reach_the_subscriber_and_it_listens_again_after_a_restart(
     await published_until_heard(store, redis_server.url, "{w}:events", heard)
     assert heard[0].startswith("event ")
     await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_tls_connection_carries_calls_and_events(tmp_path) -> None:
+    """``rediss://``: the owned transport is then TLS's, read the same way."""
+    import shutil
+    import subprocess
+
+    from slotkit.shared.redis_process import free_port, start_redis
+    from tests.test_shared_support import redis_binary
+
+    binary = redis_binary()
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is needed to make the test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=x"]
+    subprocess.run(
+        [openssl, *request, "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    tls = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+    tls += ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+    tls += ["--tls-ca-cert-file", str(cert)]
+    try:
+        process = start_redis(binary, port, tmp_path, extra=tls)
+    except RuntimeError:
+        pytest.skip("this redis-server was built without TLS")
+    url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none"
+    try:
+        store = backend(url)
+        await store.prepare()
+        assert (await store.run(KEYS, acquire("l0")))[0] == "ok"
+        heard: list[str] = []
+        await published_until_heard(store, url, "{w}:events", heard)
+        assert heard[0].startswith("event ")
+        await store.close()
+    finally:
+        process.kill()
+        process.wait(timeout=10)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["READY_LINE", "free_port", "start_redis"]
@@ -26,10 +27,15 @@ def free_port() -> int:
 
 
 def start_redis(
-    binary: str, port: int, directory: str | Path, timeout: float = 10.0
+    binary: str,
+    port: int,
+    directory: str | Path,
+    timeout: float = 10.0,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``redis-server`` on ``127.0.0.1:port``; return once it accepts connections.
 
+    *extra* options come last and win (``--port 0 --tls-port N`` serves TLS only).
     Raises :class:`RuntimeError` (after killing it) if it exits or is not
     ready within *timeout* seconds.
     """
@@ -48,6 +54,7 @@ def start_redis(
             str(directory),
             "--loglevel",
             "notice",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
