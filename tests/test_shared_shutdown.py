@@ -59,6 +59,7 @@ def child(spec: dict) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     result: dict = {"responses": 0}
+    crawlers: list = []
 
     class ShutdownSpider(Spider):
         name = "shutdown"
@@ -74,6 +75,7 @@ def child(spec: dict) -> None:
             result["fallbacks"] = self.crawler.stats.get_value("throttling/shared/fallbacks", 0)
             result["downloader"] = type(self.crawler.engine.downloader).__name__
             result["reason"] = reason
+            crawlers.append(self.crawler)
 
     process = CrawlerProcess(
         {
@@ -89,6 +91,9 @@ def child(spec: dict) -> None:
     )
     process.crawl(ShutdownSpider)
     process.start()
+    # Set when the downloader closed, after the spider did.
+    stats = crawlers[0].stats.get_stats() if crawlers else {}
+    result["acquire_ms"] = [stats.get(f"throttling/shared/acquire_{q}_ms") for q in ("p50", "p99")]
     print(MARK + json.dumps(result), flush=True)
 
 
@@ -138,6 +143,9 @@ def test_crawl_ends_whatever_redis_does(redis_server, case):  # noqa: F811
     result = json.loads(line[len(MARK) :])
     assert result["downloader"] == "SharedDownloader"
     assert result["reason"] == "finished"
+    if action == "none":
+        p50, p99 = result["acquire_ms"]
+        assert 0 < p50 <= p99, "the store's round trips are in the crawl's stats"
     # Scrapy deprecates signal handlers that return Deferreds; ours are coroutines.
     assert "returned a Deferred" not in err
     assert result["responses"] == REQUESTS, "no request lost"

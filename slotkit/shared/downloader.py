@@ -207,9 +207,16 @@ class SharedDownloader(Downloader):
 
     def close(self) -> None:
         if self.shared is not None:
-            for key, value in self.shared_summary().items():
+            summary = self.shared_summary()
+            for key, value in summary.items():
                 if isinstance(value, int) and not isinstance(value, bool):
                     self.stats.set(f"shared/{key}", value)
+            # How long the store took to answer, as this worker's loop saw it.
+            took = sorted(summary["latencies"])
+            for name, share in (("p50", 0.5), ("p99", 0.99)):
+                if took:
+                    at = min(len(took) - 1, int(share * len(took)))
+                    self.stats.set(f"shared/acquire_{name}_ms", round(took[at] * 1000, 3))
             self.shared.close()
         super().close()
 
