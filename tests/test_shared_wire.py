@@ -79,9 +79,10 @@ async def test_a_killed_server_fails_calls_with_an_exception(redis_server):  # n
     await store.close()
 
 
+@pytest.mark.parametrize("protocol", ["2", "3"])
 @pytest_twisted.ensureDeferred
-async def test_a_resp3_connection_answers_the_same(redis_server):  # noqa: F811
-    store = backend(redis_server.url + "?protocol=3")
+async def test_resp2_and_resp3_connections_answer_the_same(redis_server, protocol):  # noqa: F811
+    store = backend(f"{redis_server.url}?protocol={protocol}")
     await store.prepare()
     first, second = await DeferredList(
         [store.run(KEYS, acquire("l0")), store.run(KEYS, acquire("l1"))],
@@ -100,9 +101,13 @@ def aio(coro: Any) -> Deferred[Any]:
 class FakeRedis:
     """A loopback server that answers ``+OK`` to anything, and EVALSHA as a test says."""
 
-    def __init__(self, evalsha: list[bytes | None]) -> None:
+    def __init__(self, evalsha: list[bytes | None], hang_up: int = 0) -> None:
         #: The reply to each EVALSHA, in chunks 10 ms apart; None closes the connection.
+        #: ``{arg}`` in a chunk stands for the call's last argument.
         self.evalsha = evalsha
+        #: How many connections to close as soon as redis-py's handshake is answered.
+        self.hang_up = hang_up
+        self.hung_up = 0
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> str:
@@ -118,12 +123,16 @@ class FakeRedis:
                 words.append((await reader.readexactly(size + 2))[:-2])
             if words[0].upper() != b"EVALSHA":
                 writer.write(b"+OK\r\n")
+                if b"LIB-VER" in words and self.hung_up < self.hang_up:  # the handshake's last
+                    self.hung_up += 1
+                    writer.close()
+                    return
                 continue
             for chunk in self.evalsha:
                 if chunk is None:
                     writer.close()
                     return
-                writer.write(chunk)
+                writer.write(chunk.replace(b"{arg}", words[-1]))
                 await asyncio.sleep(0.01)
 
     def stop(self) -> None:
@@ -190,7 +199,7 @@ async def published_until_heard(
         publisher.close()
 
 
-@pytest.mark.parametrize("query", ["", "?protocol=3"])
+@pytest.mark.parametrize("query", ["", "?protocol=2", "?protocol=3"])
 @pytest_twisted.ensureDeferred
 async def test_events_reach_the_subscriber_and_it_listens_again_after_a_restart(
     redis_server,  # noqa: F811
@@ -248,3 +257,66 @@ async def test_a_tls_connection_carries_calls_and_events(tmp_path) -> None:
     finally:
         process.kill()
         process.wait(timeout=10)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_push_from_the_server_is_no_reply_to_a_call() -> None:
+    """RESP3 lets a server push news at any time (maintenance notices, invalidations)."""
+    push = b">4\r\n$9\r\nMIGRATING\r\n:1\r\n:15\r\n*1\r\n$1\r\n1\r\n"
+    fake = FakeRedis([push + b"*2\r\n$2\r\nok\r\n$1\r\n{arg}\r\n"])
+    store = backend(await aio(fake.start()))
+    replies = await DeferredList(
+        [store.run(KEYS, ["a"]), store.run(KEYS, ["b"])], fireOnOneErrback=True, consumeErrors=True
+    )
+    assert [reply for _, reply in replies] == [["ok", "a"], ["ok", "b"]]
+    await store.close()
+    fake.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_closed_right_after_its_handshake_is_noticed() -> None:
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    fake = FakeRedis([b"*1\r\n+fine\r\n"], hang_up=2)
+    store = backend(await aio(fake.start()))
+    with pytest.raises(StoreDownError):
+        await store.run(KEYS, ["ping"])
+    if not fake.hung_up:
+        pytest.skip("this redis-py sends no CLIENT SETINFO LIB-VER to hang up after")
+    store.subscribe("{w}:events", lambda _: None)  # the second connection: hung up too
+    for _ in range(100):
+        listener = store._listener
+        if listener is not None and listener.done():
+            break
+        await deferLater(reactor, 0.01, lambda: None)
+    else:
+        raise AssertionError("the subscription still waits on a closed connection")
+    assert await store.run(KEYS, ["ping"]) == ["fine"]
+    await store.close()
+    fake.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_call_made_just_before_close_still_ends(redis_server):  # noqa: F811
+    store = backend(redis_server.url)
+    call = store.run(KEYS, acquire("l0"))  # still connecting
+    await store.close()
+    with pytest.raises(StoreDownError):
+        await call
+
+
+@pytest_twisted.ensureDeferred
+async def test_reconnections_give_their_connections_back_to_the_pool(redis_server):  # noqa: F811
+    store = backend(redis_server.url)
+    pool = store._redis.connection_pool
+    for i in range(4):
+        heard: list[str] = []
+        await published_until_heard(store, redis_server.url, "{w}:events", heard)
+        assert (await store.run(KEYS, acquire(f"l{i}")))[0] == "ok"
+        redis_server.kill()
+        redis_server.start()
+        with pytest.raises(StoreDownError):  # the call that finds the old connection gone
+            await store.run(KEYS, acquire(f"x{i}"))
+    assert len(pool._in_use_connections) <= 2, "one for the calls, one for the events"
+    await store.close()

@@ -260,7 +260,7 @@ class AsyncioRedisBackend:
         # its next successful call, so no retry loop (and no sleep) here.
         # The connection is owned (slotkit.shared.owned): an event reaches
         # the throttle in the turn of the loop that read it.
-        from slotkit.shared.owned import own_connection
+        from slotkit.shared.owned import give_back, own_connection
 
         ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
@@ -291,7 +291,7 @@ class AsyncioRedisBackend:
                 replies.stop()
             if connection is not None:
                 with contextlib.suppress(BaseException):
-                    await connection.disconnect(nowait=True)
+                    await give_back(self._redis, connection)
 
     def close(self) -> Deferred[None]:
         """Stop listening, give up calls in flight, close every connection."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from slotkit.shared.resp import ReplyParser
 
-__all__ = ["Replies", "own_connection"]
+__all__ = ["Replies", "give_back", "own_connection"]
 
 
 class Replies(asyncio.Protocol):
@@ -89,11 +89,25 @@ async def own_connection(
     transport = connection._writer.transport
     replies = Replies(transport, _parser(connection), on_reply, on_lost)
     transport.set_protocol(replies)
-    # Bytes redis-py's reader took in past the handshake (none are expected).
-    buffered = bytes(getattr(connection._reader, "_buffer", b""))
-    if buffered:
-        replies.data_received(buffered)
+    # The server may have closed the connection before the swap (redis-py's
+    # pool hands out a connection whose EOF it has not noticed): its stream
+    # reader saw that, and Replies never will.
+    reader = connection._reader
+    if transport.is_closing() or getattr(reader, "_eof", False) or reader.exception():
+        replies.stop()
+        await give_back(redis, connection)
+        raise ConnectionError("the server closed the connection as it was opened")
     return connection, replies
+
+
+async def give_back(redis: Any, connection: Any) -> None:
+    """Close an owned connection and return it to *redis*'s pool, which may open it again."""
+    with contextlib.suppress(Exception):
+        await connection.disconnect(nowait=True)
+    # Not given back, every reconnection would leave one more in the pool's
+    # in-use set, up to a URL's max_connections.
+    with contextlib.suppress(Exception):
+        await redis.connection_pool.release(connection)
 
 
 def _parser(connection: Any) -> ReplyParser:

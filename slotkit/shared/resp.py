@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["ReplyParser", "ProtocolError"]
+__all__ = ["ProtocolError", "Push", "ReplyParser"]
 
 _CRLF = b"\r\n"
 #: A reply whose bytes have not all arrived yet.
@@ -26,6 +26,11 @@ _INCOMPLETE: Any = object()
 
 class ProtocolError(Exception):
     """The server sent bytes that are not a Redis reply."""
+
+
+class Push(list[Any]):
+    """A RESP3 push: sent by the server on its own (a pub/sub message, a
+    client-tracking invalidation, a maintenance notice), never the reply to a call."""
 
 
 class ReplyParser:
@@ -108,4 +113,6 @@ class ReplyParser:
             return self._parse(start)
         if kind == 0x25:
             return dict(zip(items[::2], items[1::2], strict=True)), start
+        if kind == 0x3E:
+            return Push(items), start
         return items, start

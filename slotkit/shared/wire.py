@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from slotkit.shared.owned import Replies, own_connection
+from slotkit.shared.owned import Replies, give_back, own_connection
+from slotkit.shared.resp import Push
 
 __all__ = ["ScriptWire"]
+
+logger = logging.getLogger(__name__)
 
 #: A call written and not answered yet: its Deferred, its arguments, when it was sent.
 _Call = tuple[Deferred[Any], Sequence[str], float]
@@ -69,11 +73,22 @@ class ScriptWire:
         if self._closed:
             d.errback(self._store_error(ConnectionError("the connection is closed")))
         elif self._replies is None or self._replies.transport.is_closing():
+            if self._replies is not None:  # its calls must not wait for the next one's replies
+                self._drop(ConnectionError("the connection is closing"))
             # First call, or after a failure: connect (in a task), then send.
-            self._spawn(self._connect_and_send(d, args))
+            task = self._spawn(self._connect_and_send(d, args))
+            # A task cancelled before its first step (close() in this very
+            # turn) never runs its body: its call must still end.
+            task.add_done_callback(lambda done: self._unstarted(done, d))
         else:
             self._send(d, args)
         return d
+
+    def _unstarted(self, task: asyncio.Task[Any], d: Deferred[Any]) -> None:
+        # Cancelled once running, the task fails its call itself; cancelled
+        # before its first step, it never ran at all.
+        if task.cancelled() and not d.called:
+            d.errback(self._store_error(ConnectionError("the connection is closed")))
 
     def _send(self, d: Deferred[Any], args: Sequence[str]) -> None:
         assert self._replies is not None
@@ -102,10 +117,11 @@ class ScriptWire:
             return
         self._send(d, args)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _connect(self) -> None:
         connection, replies = await own_connection(
@@ -113,12 +129,14 @@ class ScriptWire:
         )
         if self._closed:
             replies.stop()
-            with contextlib.suppress(Exception):
-                await connection.disconnect(nowait=True)
+            await give_back(self._redis, connection)
             raise ConnectionError("the connection is closed")
         self._connection, self._replies = connection, replies
 
     def _replied(self, reply: Any) -> None:
+        if isinstance(reply, Push):  # the server's own news, not an answer: no call is due
+            logger.debug("slotkit: the shared store pushed %r; ignored", reply[:1])
+            return
         if not self._waiting:
             self._drop(ConnectionError(f"a reply no call waited for: {reply!r}"))
             return
@@ -162,8 +180,7 @@ class ScriptWire:
             if not d.called:
                 d.errback(self._store_error(error))
         if connection is not None:
-            with contextlib.suppress(Exception):
-                self._spawn(connection.disconnect(nowait=True))
+            self._spawn(give_back(self._redis, connection))
 
     def close(self) -> None:
         self._closed = True
