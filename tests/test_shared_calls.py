@@ -221,3 +221,16 @@ async def test_a_hold_message_tells_idle_workers_its_end():
     fallback = b.scopes["e"].manager.fallback
     assert abs(fallback.hold_until - (b.clock.seconds() + HOLD)) < 1e-3
     cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dropped_subscription_is_renewed_by_the_next_successful_call():
+    """Not a heartbeat later: until then a hold reaches the worker only with a reply."""
+    cluster = Cluster(1)
+    (a,) = cluster.workers
+    scope = a.scope("s", concurrency=10, delay=0.0)
+    await cluster.run_for(0.05)
+    a.backend._callbacks.clear()  # the server closed the event connection
+    await reserve_now(a, "http://s/1", [scope])
+    assert a.backend._callbacks, "subscribed again by the call that found the store up"
+    cluster.close()

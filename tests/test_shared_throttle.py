@@ -416,6 +416,36 @@ async def test_workers_go_back_to_the_store_together():
     cluster.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_store_restarted_before_the_moment_makes_a_new_one():
+    """Re-test probe: Redis restarted twice in a second; the one worker that had
+    learned the moment from the first restart went back at it, alone on a
+    store that knew nothing of the others' fallbacks (4 in flight against 2)."""
+    cluster = Cluster(2)
+    await cluster.run_for(1.1)
+    a, b = cluster.workers
+    for w in cluster.workers:
+        w.backend.down = True
+        cluster.fetch(w, f"http://t/{w.throttle.worker_id}", [w.scope("t")])
+    await settle()
+    await cluster.run_for(1.0)
+    a.backend.down = False
+    await cluster.run_for(0.3)
+    assert a.throttle._store_back, "a learned a moment"
+    # Killed and restarted empty before that moment; b never saw it.
+    a.backend.down = True
+    cluster.store.hashes.clear()
+    cluster.store.zsets.clear()
+    await cluster.run_for(0.3)
+    a.backend.down = b.backend.down = False
+    await cluster.run_for(0.6)  # a's old moment passes
+    assert a.throttle.mode == FALLBACK, "a waits for a moment the new store knows"
+    await cluster.run_for(RESYNC)
+    assert a.throttle.mode == b.throttle.mode == SHARED
+    assert a.throttle.resynced_at == pytest.approx(b.throttle.resynced_at, abs=3 * TICK)
+    cluster.close()
+
+
 def leases(cluster: Cluster, scope_id: str) -> set[str]:
     """The leases the store holds for *scope_id*."""
     return set(cluster.store.zsets.get(f"{{t}}:l:{scope_id}", {}))

@@ -216,9 +216,15 @@ class StoreLink:
                 self.workers, self.rank = workers, place
                 for manager in self._managers.values():
                     manager.scale(workers, place)
-        if self.local.waits and self.mode == SHARED:
-            # One failed call sent them to the fallback, but the store answers.
-            self.local.reroute()
+        if self.mode == SHARED:
+            if self.local.waits:
+                # One failed call sent them to the fallback, but the store answers.
+                self.local.reroute()
+            # A dropped event connection (the server closed it) is opened again
+            # by the first call that proves the store up, not a heartbeat later:
+            # meanwhile a hold reaches this worker only with its next reply.
+            # A no-op while the subscription runs.
+            self.backend.subscribe(self.channel, self._event)
         return reply
 
     def _failed(self, failure: Failure) -> Failure:
@@ -299,8 +305,15 @@ class StoreLink:
 
     def _resync_when_due(self) -> None:
         self._resync_call = None
-        if self.mode == FALLBACK and self._failures == 0 and not self._closed:
-            self._resync()
+        # Ask once more rather than switch: a store that restarted since it
+        # set the moment knows neither it nor what the other workers'
+        # fallbacks sent, and going back to it alone would exceed the limits
+        # beside them. It sets a new moment instead; the same store answers
+        # that the moment has come (see the beat reply). A beat in flight
+        # already asks.
+        due = self.mode == FALLBACK and self._failures == 0 and not self._closed
+        if due and not self._beat_in_flight:
+            self._schedule_beat(0.0)
 
     def _cancel_resync(self) -> None:
         if self._resync_call is not None and self._resync_call.active():
