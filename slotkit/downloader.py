@@ -398,7 +398,15 @@ def _request_delay(request: Request) -> float:
         return 0.0
     meta["_slotkit_delayed"] = True
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except (TypeError, ValueError):
-        logger.warning("Ignoring throttling_delay=%r of %s: not a number", value, request)
+        seconds = math.nan
+    # A bool is no duration, and an infinite one would keep the crawl open forever.
+    if isinstance(value, bool) or not 0.0 <= seconds < math.inf:
+        logger.warning(
+            "Ignoring throttling_delay=%r of %s: expected a finite number of seconds >= 0",
+            value,
+            request,
+        )
         return 0.0
+    return seconds

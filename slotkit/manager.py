@@ -8,6 +8,7 @@ group requests differently; the helpers :func:`scope_cache`,
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -224,12 +225,26 @@ class ThrottlingManager:
         return AwaitableDict(dict.fromkeys(triggered, ScopeBackoff(trigger=True)))
 
     def delay_scope(self, scope: str, seconds: float) -> None:
-        """Hold every request of *scope* for at least *seconds* from now."""
+        """Hold every request of *scope* for at least *seconds* from now.
+
+        Raises :class:`TypeError` for a scope that is not a ``str`` and
+        :class:`ValueError` for seconds that are not a finite number >= 0.
+        """
+        if not isinstance(scope, str):
+            raise TypeError(f"delay_scope() needs a scope id (a str), got {scope!r}")
+        try:
+            held = float(seconds)
+        except (TypeError, ValueError):
+            held = math.nan
+        if isinstance(seconds, bool) or not 0.0 <= held < math.inf:
+            raise ValueError(
+                f"delay_scope({scope!r}, {seconds!r}): seconds must be a finite number >= 0"
+            )
         if self._controller is None:
             raise RuntimeError(
                 "delay_scope() needs slotkit's downloader: set DOWNLOADER = 'slotkit.Downloader'"
             )
-        self._controller.hold_scope(scope, float(seconds))
+        self._controller.hold_scope(scope, held)
 
 
 def _dont_track(request: Request) -> bool:

@@ -83,7 +83,13 @@ class ScopeControl:
         if type(raw) is str:  # the default manager's answer: skip building the error context
             scopes: dict[str, float | None] = {raw: None}
         else:
-            scopes = normalize_scopes(raw, where=f"{type(self.manager).__name__}.get_scopes()")
+            meta = request.meta
+            where = (
+                f"the throttling_scopes meta of {request}"
+                if raw is meta.get("throttling_scopes")  # the default manager passes it on
+                else f"{type(self.manager).__name__}.get_scopes()"
+            )
+            scopes = normalize_scopes(raw, where=where)
         meta = request.meta
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:

@@ -134,11 +134,13 @@ def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str
         return {}
     if isinstance(scopes, str):
         return {scopes: None}
+    if isinstance(scopes, (bytes, bytearray)):
+        raise TypeError(f"{where} gave bytes {scopes!r}; a scope id is a str")
     if isinstance(scopes, Mapping):
         result: dict[str, float | None] = {}
         for key, amount in scopes.items():
             if not isinstance(key, str):
-                raise TypeError(f"{where} returned a non-string scope id {key!r}")
+                raise TypeError(f"{where} gave a non-string scope id {key!r}")
             if amount is not None and (
                 isinstance(amount, bool)
                 or not isinstance(amount, (int, float))
@@ -154,7 +156,7 @@ def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str
         result = {}
         for key in scopes:
             if not isinstance(key, str):
-                raise TypeError(f"{where} returned a non-string scope id {key!r}")
+                raise TypeError(f"{where} gave a non-string scope id {key!r}")
             result[key] = None
         if isinstance(scopes, (set, frozenset)) and len(result) > 1:
             # A set has no order, and string hashing changes between runs: sort it
@@ -162,7 +164,7 @@ def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str
             result = dict.fromkeys(sorted(result))
         return result
     raise TypeError(
-        f"{where} must return None, a scope id, an iterable of ids or a dict of id -> amount "
+        f"{where} must be None, a scope id, an iterable of ids or a dict of id -> amount "
         f"(got {scopes!r})"
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import pytest_twisted
 from scrapy import Request
@@ -119,6 +121,42 @@ async def test_per_request_delay_holds_one_request(mock_site: MockSite) -> None:
     early = mock_site.recorder.arrivals("127.0.0.1")[0]
     late = mock_site.recorder.arrivals("127.0.0.2")[0]
     assert late - early >= 0.25
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_bad_per_request_delay_is_ignored_with_a_warning(mock_site: MockSite) -> None:
+    """Acceptance probe: ``inf`` was taken as a delay, and the crawl never ended by itself."""
+    bad: list[Any] = [float("inf"), float("nan"), -3, True, "abc", 1e400]
+    urls = [
+        {"url": mock_site.url("127.0.0.1", f"/page/{i}"), "meta": {"throttling_delay": value}}
+        for i, value in enumerate(bad)
+    ]
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls, crawl_timeout=10.0)
+    assert len(result.responses) == len(bad)
+    assert result.stats.get("finish_reason") == "finished"
+    warned = [
+        r.getMessage() for r in result.log_records if "Ignoring throttling_delay" in r.getMessage()
+    ]
+    assert len(warned) == len(bad)
+    assert all("expected a finite number of seconds >= 0" in message for message in warned)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_bad_throttling_scopes_meta_fails_its_request_naming_the_meta(
+    mock_site: MockSite,
+) -> None:
+    """Acceptance probe: the error blamed a get_scopes() the user never wrote."""
+    urls = [
+        {"url": mock_site.url("127.0.0.1", "/page/0"), "meta": {"throttling_scopes": 5}},
+        {"url": mock_site.url("127.0.0.1", "/page/1"), "meta": {"throttling_scopes": b"api"}},
+        {"url": mock_site.url("127.0.0.1", "/page/2"), "meta": {"throttling_scopes": "api"}},
+    ]
+    result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
+    assert len(result.responses) == 1
+    assert sorted(error.url.rsplit("/", 1)[1] for error in result.errors) == ["0", "1"]
+    for error in result.errors:
+        assert error.type == "TypeError"
+        assert error.message.startswith("the throttling_scopes meta of <GET ")
 
 
 @pytest_twisted.ensureDeferred

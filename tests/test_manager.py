@@ -452,6 +452,33 @@ def test_delay_scope_forwards_to_the_controller(crawler):
     assert isinstance(held[0][1], float)
 
 
+@pytest.mark.parametrize(
+    ("scope", "seconds", "error"),
+    [
+        (None, 1.0, TypeError),
+        (b"a.example", 1.0, TypeError),
+        ("a.example", -1, ValueError),
+        ("a.example", float("nan"), ValueError),
+        ("a.example", float("inf"), ValueError),
+        ("a.example", "abc", ValueError),
+        ("a.example", True, ValueError),
+    ],
+)
+def test_delay_scope_refuses_bad_arguments_before_holding_anything(crawler, scope, seconds, error):
+    """Acceptance probe: a negative or NaN hold did nothing yet counted as a trigger."""
+    held: list[tuple[str, float]] = []
+
+    class Controller:
+        def hold_scope(self, scope: str, seconds: float) -> None:
+            held.append((scope, seconds))
+
+    manager = ThrottlingManager(crawler)
+    manager.attach(Controller())  # type: ignore[arg-type]
+    with pytest.raises(error, match="delay_scope"):
+        manager.delay_scope(scope, seconds)
+    assert held == []
+
+
 # ----------------------------------------------------------------- build_manager
 
 
