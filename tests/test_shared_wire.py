@@ -101,13 +101,16 @@ def aio(coro: Any) -> Deferred[Any]:
 class FakeRedis:
     """A loopback server that answers ``+OK`` to anything, and EVALSHA as a test says."""
 
-    def __init__(self, evalsha: list[bytes | None], hang_up: int = 0) -> None:
+    def __init__(self, evalsha: list[bytes | None], hang_up: int = 0, refuse: bytes = b"") -> None:
         #: The reply to each EVALSHA, in chunks 10 ms apart; None closes the connection.
         #: ``{arg}`` in a chunk stands for the call's last argument.
         self.evalsha = evalsha
         #: How many connections to close as soon as redis-py's handshake is answered.
         self.hang_up = hang_up
         self.hung_up = 0
+        #: A command answered with a NOPERM error (as an ACL would), and how often it came.
+        self.refuse = refuse
+        self.refused = 0
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> str:
@@ -121,6 +124,10 @@ class FakeRedis:
             for _ in range(int(header[1:])):
                 size = int((await reader.readline())[1:])
                 words.append((await reader.readexactly(size + 2))[:-2])
+            if words[0].upper() == self.refuse:
+                self.refused += 1
+                writer.write(b"-NOPERM this user has no permissions to run it\r\n")
+                continue
             if words[0].upper() != b"EVALSHA":
                 writer.write(b"+OK\r\n")
                 if b"LIB-VER" in words and self.hung_up < self.hang_up:  # the handshake's last
@@ -320,3 +327,23 @@ async def test_reconnections_give_their_connections_back_to_the_pool(redis_serve
             await store.run(KEYS, acquire(f"x{i}"))
     assert len(pool._in_use_connections) <= 2, "one for the calls, one for the events"
     await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_subscription_is_tried_again_at_most_twice_a_second() -> None:
+    """The throttle asks after every successful call; an ACL refusal must not cost one each."""
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    fake = FakeRedis([], refuse=b"SUBSCRIBE")
+    store = backend(await aio(fake.start()))
+    for _ in range(30):  # 0.3 s of calls, each followed by subscribe()
+        store.subscribe("{w}:events", lambda _: None)
+        await deferLater(reactor, 0.01, lambda: None)
+    assert fake.refused == 1
+    await deferLater(reactor, 0.5, lambda: None)
+    store.subscribe("{w}:events", lambda _: None)
+    await deferLater(reactor, 0.1, lambda: None)
+    assert fake.refused == 2
+    await store.close()
+    fake.stop()

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -252,6 +253,8 @@ class AsyncioRedisBackend:
     def subscribe(self, channel: str, callback: Callable[[str], object]) -> None:
         if self._listener is not None and not self._listener.done():
             return
+        if not _may_subscribe(self):
+            return
         self.stats.commands += 1
         self._listener = asyncio.ensure_future(self._listen(channel, callback))
 
@@ -301,6 +304,24 @@ class AsyncioRedisBackend:
         for task in list(self._tasks):
             task.cancel()
         return self._task(self._redis.aclose())
+
+
+#: Seconds between two attempts to (re)open a backend's event subscription.
+RESUBSCRIBE_EVERY = 0.5
+
+
+def _may_subscribe(backend: Any) -> bool:
+    """Whether *backend* may open its subscription now (and note the attempt if so).
+
+    The throttle asks after every successful call, so that a dropped
+    subscription comes back at once; one the server keeps refusing (an ACL
+    without SUBSCRIBE) is then tried at most twice a second, not per call.
+    """
+    now = backend.stats.now()
+    if now < getattr(backend, "_subscribed_at", -math.inf) + RESUBSCRIBE_EVERY:
+        return False
+    backend._subscribed_at = now
+    return True
 
 
 def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
@@ -365,6 +386,8 @@ class ThreadedRedisBackend:
 
     def subscribe(self, channel: str, callback: Callable[[str], object]) -> None:
         if self._closed or (self._listener is not None and self._listener.is_alive()):
+            return
+        if not _may_subscribe(self):
             return
         self.stats.commands += 1
 
