@@ -437,8 +437,8 @@ def test_delay_scope_needs_the_downloader(crawler):
         ThrottlingManager(crawler).delay_scope("a.example", HOLD)
 
 
-def test_delay_scope_forwards_to_the_controller(crawler):
-    """delay_scope asks the attached downloader to hold the scope, as a float."""
+def holding_manager(crawler) -> tuple[ThrottlingManager, list[tuple[str, float]]]:
+    """A manager attached to a controller that records the holds it is asked for."""
     held: list[tuple[str, float]] = []
 
     class Controller:
@@ -447,6 +447,12 @@ def test_delay_scope_forwards_to_the_controller(crawler):
 
     manager = ThrottlingManager(crawler)
     manager.attach(Controller())  # type: ignore[arg-type]
+    return manager, held
+
+
+def test_delay_scope_forwards_to_the_controller(crawler):
+    """delay_scope asks the attached downloader to hold the scope, as a float."""
+    manager, held = holding_manager(crawler)
     manager.delay_scope("a.example", 30)
     assert held == [("a.example", 30.0)]
     assert isinstance(held[0][1], float)
@@ -466,14 +472,7 @@ def test_delay_scope_forwards_to_the_controller(crawler):
 )
 def test_delay_scope_refuses_bad_arguments_before_holding_anything(crawler, scope, seconds, error):
     """Acceptance probe: a negative or NaN hold did nothing yet counted as a trigger."""
-    held: list[tuple[str, float]] = []
-
-    class Controller:
-        def hold_scope(self, scope: str, seconds: float) -> None:
-            held.append((scope, seconds))
-
-    manager = ThrottlingManager(crawler)
-    manager.attach(Controller())  # type: ignore[arg-type]
+    manager, held = holding_manager(crawler)
     with pytest.raises(error, match="delay_scope"):
         manager.delay_scope(scope, seconds)
     assert held == []

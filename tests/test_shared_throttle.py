@@ -424,11 +424,7 @@ async def test_a_store_restarted_before_the_moment_makes_a_new_one():
     cluster = Cluster(2)
     await cluster.run_for(1.1)
     a, b = cluster.workers
-    for w in cluster.workers:
-        w.backend.down = True
-        cluster.fetch(w, f"http://t/{w.throttle.worker_id}", [w.scope("t")])
-    await settle()
-    await cluster.run_for(1.0)
+    await fall_back(cluster, "t")
     a.backend.down = False
     await cluster.run_for(0.3)
     assert a.throttle._store_back, "a learned a moment"
