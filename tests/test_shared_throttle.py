@@ -416,6 +416,20 @@ async def test_workers_go_back_to_the_store_together():
     cluster.close()
 
 
+async def restart_store_before_the_moment(cluster: Cluster) -> None:
+    """Worker a finds the store back and learns a moment; the store then restarts
+    empty before it, and both workers find the new one (b never saw the first)."""
+    a, b = cluster.workers
+    a.backend.down = False
+    await cluster.run_for(0.3)
+    assert a.throttle._store_back, "a learned a moment and told the store its requests"
+    a.backend.down = True
+    cluster.store.hashes.clear()
+    cluster.store.zsets.clear()
+    await cluster.run_for(0.3)
+    a.backend.down = b.backend.down = False
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_store_restarted_before_the_moment_makes_a_new_one():
     """Re-test probe: Redis restarted twice in a second; the one worker that had
@@ -424,21 +438,37 @@ async def test_a_store_restarted_before_the_moment_makes_a_new_one():
     cluster = Cluster(2)
     await cluster.run_for(1.1)
     a, b = cluster.workers
-    await fall_back(cluster, "t")
-    a.backend.down = False
-    await cluster.run_for(0.3)
-    assert a.throttle._store_back, "a learned a moment"
-    # Killed and restarted empty before that moment; b never saw it.
-    a.backend.down = True
-    cluster.store.hashes.clear()
-    cluster.store.zsets.clear()
-    await cluster.run_for(0.3)
-    a.backend.down = b.backend.down = False
+    futures = await fall_back(cluster, "t", concurrency=2, delay=0.0)
+    sent = [future for future in futures if future.done()]
+    await restart_store_before_the_moment(cluster)
     await cluster.run_for(0.6)  # a's old moment passes
     assert a.throttle.mode == FALLBACK, "a waits for a moment the new store knows"
     await cluster.run_for(RESYNC)
     assert a.throttle.mode == b.throttle.mode == SHARED
     assert a.throttle.resynced_at == pytest.approx(b.throttle.resynced_at, abs=3 * TICK)
+    # Review: a had told only the dead store of its request in flight.
+    assert len(leases(cluster, "t")) == len(sent) == 2, "the new store knows both"
+    more = [
+        cluster.fetch(w, f"http://t/more/{w.throttle.worker_id}", [w.scope("t")]) for w in (a, b)
+    ]
+    await cluster.run_for(0.3)
+    assert not any(future.done() for future in more), "no slot beyond the concurrency of 2"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_quota_told_to_a_store_that_restarted_is_told_to_the_new_one():
+    cluster = Cluster(2)
+    await cluster.run_for(1.1)  # store time 1001.1: the 10 s window [1000, 1010)
+    await fall_back(cluster, "q", count=3, concurrency=10, delay=0.0, quota=4, window=10.0)
+    assert len(all_sends(cluster)) == 4, "2 each: half the quota per worker"
+    await restart_store_before_the_moment(cluster)
+    await cluster.run_for(RESYNC + 0.6)
+    assert all(w.throttle.mode == SHARED for w in cluster.workers)
+    await cluster.run_for(1009.5 - cluster.clock.seconds())
+    assert len(all_sends(cluster)) == 4, "the new store counts what the fallbacks spent"
+    await cluster.run_for(2.0)
+    assert len(all_sends(cluster)) == 6, "no request lost"
     cluster.close()
 
 

@@ -123,6 +123,7 @@ class Adoption:
             ticket.adopted = False
         for scope_id, spent in self.units.items():
             self.managers[scope_id].untold_units += spent
+            self.managers[scope_id].told_units -= spent
 
 
 def adoption(
@@ -165,8 +166,9 @@ def adoption(
         for scope_id, m in managers_of.items()
         if m.untold_units > 0 and m.fallback.quota is not None
     }
-    for scope_id in units:
+    for scope_id, spent in units.items():
         managers_of[scope_id].untold_units = 0.0
+        managers_of[scope_id].told_units += spent
     scope_ids = sorted(managers_of)
     key_ttl = max([options.key_ttl, *(m.window for m in managers_of.values())])
     args = [fmt(options.lease_ttl), fmt(key_ttl), str(len(scope_ids))]

@@ -96,6 +96,8 @@ class StoreLink:
         self._resync_call: IDelayedCall | None = None
         #: In fallback, but the store answers: its requests are told to it as they go.
         self._store_back = False
+        #: The switch-back moment as the store stored it (it tells a new store apart).
+        self._moment: str | None = None
         self._beat_in_flight = False
         self._closed = False
         self._closing: Deferred[None] | None = None
@@ -216,7 +218,7 @@ class StoreLink:
                 self.workers, self.rank = workers, place
                 for manager in self._managers.values():
                     manager.scale(workers, place)
-        if self.mode == SHARED:
+        if self.mode == SHARED and not self._closed:
             if self.local.waits:
                 # One failed call sent them to the fallback, but the store answers.
                 self.local.reroute()
@@ -266,6 +268,7 @@ class StoreLink:
     def _enter_fallback(self, now: float, failure: Failure) -> None:
         self.mode = FALLBACK
         self._store_back = False
+        self._moment = None
         self._cancel_resync()
         self.fallbacks += 1
         self.fell_back_at = now
@@ -277,13 +280,14 @@ class StoreLink:
         )
         for manager in self._managers.values():
             manager.scale(self.workers, self.rank)
+            manager.told_units = 0.0
         # Requests waiting on the store move to the fallback now.
         self.sleeps.end_all("fallback")
         if self._on_mode is not None:
             self._on_mode(FALLBACK)
         self._schedule_beat(self.options.probe)
 
-    def _resync_in(self, wait: float) -> None:
+    def _resync_in(self, wait: float, moment: str | None = None) -> None:
         """Go back to the store after *wait* seconds, the moment every worker does.
 
         Meanwhile the fallback goes on, and the store is told of each of its
@@ -292,6 +296,10 @@ class StoreLink:
         """
         if self._closed:
             return
+        if moment is not None:
+            if self._store_back and self._moment is not None and moment != self._moment:
+                self._forget_adoptions()
+            self._moment = moment
         if wait <= 0:
             self._resync()
             return
@@ -302,6 +310,19 @@ class StoreLink:
             )
         if self._resync_call is None or not self._resync_call.active():
             self._resync_call = self.clock.callLater(wait, self._resync_when_due)
+
+    def _forget_adoptions(self) -> None:
+        """The store that set our moment is gone (restarted empty): tell the new one all again.
+
+        Lease ids are kept, so a store that did take them counts each once;
+        quota units told twice only make the quota stricter.
+        """
+        self._store_back = False
+        for ticket in self.local.in_flight.values():
+            ticket.adopted = False
+        for manager in self._managers.values():
+            manager.untold_units += manager.told_units
+            manager.told_units = 0.0
 
     def _resync_when_due(self) -> None:
         self._resync_call = None
@@ -339,6 +360,7 @@ class StoreLink:
             self._flush()
         self._adopt(now, self.local.in_flight.values(), self._managers.values())
         self._store_back = False
+        self._moment = None
         self.local.reroute()
         self.backend.subscribe(self.channel, self._event)
         logger.info("slotkit: the shared throttling store is back; throttling is shared again")
@@ -388,7 +410,8 @@ class StoreLink:
             if self._closed:
                 return  # answered after close: nothing to adopt or resume
             if self.mode == FALLBACK:
-                self._resync_in(float(reply[2]) if len(reply) > 2 else 0.0)
+                moment = reply[3] if len(reply) > 3 else None
+                self._resync_in(float(reply[2]) if len(reply) > 2 else 0.0, moment)
             else:
                 self.backend.subscribe(self.channel, self._event)
             self._schedule_beat(self.options.beat)

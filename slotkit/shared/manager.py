@@ -78,8 +78,11 @@ class SharedScopeManager:
         )
         self._workers = 1
         self._rank = 0
-        #: Quota units the fallback spent that the store has not been told of.
+        #: Quota units the fallback spent that the store has not been told of,
+        #: and those told since this fallback began (told again to a store
+        #: that restarted meanwhile).
         self.untold_units = 0.0
+        self.told_units = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, config: Any) -> SharedScopeManager:

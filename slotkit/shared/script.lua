@@ -117,17 +117,19 @@ end
 -- hash in KEYS[2]) asks when every worker goes back to the store: the first
 -- one to ask sets that moment a grace period ahead, so that every worker
 -- tells the store what its fallback has in flight at about the same time.
+-- The reply also names the moment itself (as stored): a worker told a
+-- different one than before knows the store that set the first is gone.
 if op == 'beat' and ARGV[o + 1] then
   local grace = tonumber(ARGV[o + 1])
-  local at = tonumber(redis.call('HGET', KEYS[2], 'at'))
-  if at == nil then
-    at = now + grace
-    redis.call('HSET', KEYS[2], 'at', fmt(at))
+  local stored = redis.call('HGET', KEYS[2], 'at')
+  if not stored then
+    stored = fmt(now + grace)
+    redis.call('HSET', KEYS[2], 'at', stored)
     -- Kept a while past the moment: a worker finding the store back late
     -- switches at once instead of starting a new grace beside shared ones.
     pexpire(KEYS[2], 3 * grace)
   end
-  return {'ok', N, fmt(at - now)}
+  return {'ok', N, fmt(tonumber(stored) - now), stored}
 end
 
 if op == 'beat' or op == 'leave' or op == 'release' then

@@ -215,12 +215,10 @@ class TwinStore:
             self._live(resync_key)
             stored = self.hashes.get(resync_key, {}).get("at")
             if stored is None:
-                at = now + grace
-                self.hashes[resync_key] = {"at": fmt(at)}
+                stored = fmt(now + grace)
+                self.hashes[resync_key] = {"at": stored}
                 self._pexpire(resync_key, 3 * grace)
-            else:
-                at = float(stored)
-            return ["ok", count, fmt(at - now)]
+            return ["ok", count, fmt(float(stored) - now), stored]
 
         if op in ("beat", "leave", "release"):
             return ["ok", count]
