@@ -456,22 +456,6 @@ async def test_a_store_restarted_before_the_moment_makes_a_new_one():
     cluster.close()
 
 
-@pytest_twisted.ensureDeferred
-async def test_quota_told_to_a_store_that_restarted_is_told_to_the_new_one():
-    cluster = Cluster(2)
-    await cluster.run_for(1.1)  # store time 1001.1: the 10 s window [1000, 1010)
-    await fall_back(cluster, "q", count=3, concurrency=10, delay=0.0, quota=4, window=10.0)
-    assert len(all_sends(cluster)) == 4, "2 each: half the quota per worker"
-    await restart_store_before_the_moment(cluster)
-    await cluster.run_for(RESYNC + 0.6)
-    assert all(w.throttle.mode == SHARED for w in cluster.workers)
-    await cluster.run_for(1009.5 - cluster.clock.seconds())
-    assert len(all_sends(cluster)) == 4, "the new store counts what the fallbacks spent"
-    await cluster.run_for(2.0)
-    assert len(all_sends(cluster)) == 6, "no request lost"
-    cluster.close()
-
-
 def leases(cluster: Cluster, scope_id: str) -> set[str]:
     """The leases the store holds for *scope_id*."""
     return set(cluster.store.zsets.get(f"{{t}}:l:{scope_id}", {}))
@@ -599,20 +583,26 @@ async def test_a_beat_answered_after_close_starts_nothing():
     cluster.close()
 
 
+@pytest.mark.parametrize("restarted", [False, True])
 @pytest_twisted.ensureDeferred
-async def test_quota_spent_by_the_fallback_counts_in_the_store():
+async def test_quota_spent_by_the_fallback_counts_in_the_store(restarted):
     """Probe: the window of the switch back got 41 requests against a quota of 20.
 
     The fallbacks spend 1/N of the quota each; the store is told, so what
     waited for the store does not get a whole quota on top in that window.
+    Review: told to a store that then restarted before the moment, the units
+    must be told to the new one too.
     """
     cluster = Cluster(2)
     await cluster.run_for(1.1)  # store time 1001.1: the 10 s window [1000, 1010)
     await fall_back(cluster, "q", count=3, concurrency=10, delay=0.0, quota=4, window=10.0)
     assert len(all_sends(cluster)) == 4, "2 each: half the quota per worker"
-    for w in cluster.workers:
-        w.backend.down = False
-    await cluster.run_for(2.0)
+    if restarted:
+        await restart_store_before_the_moment(cluster)
+    else:
+        for w in cluster.workers:
+            w.backend.down = False
+    await cluster.run_for(RESYNC + 0.6)
     assert all(w.throttle.mode == SHARED for w in cluster.workers)
     await cluster.run_for(1009.5 - cluster.clock.seconds())
     assert len(all_sends(cluster)) == 4, "the window's quota was spent by the fallbacks"
