@@ -49,6 +49,7 @@ from slotkit.signaling import send_if_heard
 from slotkit.slots import SlotsView, SlotView, view_of
 from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
+from slotkit.validation import finite_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -397,12 +398,9 @@ def _request_delay(request: Request) -> float:
     if not value or meta.get("_slotkit_delayed"):
         return 0.0
     meta["_slotkit_delayed"] = True
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    # A bool is no duration, and an infinite one would keep the crawl open forever.
-    if isinstance(value, bool) or not 0.0 <= seconds < math.inf:
+    # An infinite delay would keep the crawl open forever.
+    seconds = finite_seconds(value)
+    if seconds is None:
         logger.warning(
             "Ignoring throttling_delay=%r of %s: expected a finite number of seconds >= 0",
             value,

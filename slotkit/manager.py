@@ -8,7 +8,6 @@ group requests differently; the helpers :func:`scope_cache`,
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +33,7 @@ from slotkit.scope_ids import (
     scope_cache,
     scope_kind,
 )
-from slotkit.validation import per_ip_limit
+from slotkit.validation import finite_seconds, per_ip_limit
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -232,11 +231,8 @@ class ThrottlingManager:
         """
         if not isinstance(scope, str):
             raise TypeError(f"delay_scope() needs a scope id (a str), got {scope!r}")
-        try:
-            held = float(seconds)
-        except (TypeError, ValueError):
-            held = math.nan
-        if isinstance(seconds, bool) or not 0.0 <= held < math.inf:
+        held = finite_seconds(seconds)
+        if held is None:
             raise ValueError(
                 f"delay_scope({scope!r}, {seconds!r}): seconds must be a finite number >= 0"
             )

@@ -80,17 +80,16 @@ class ScopeControl:
         when their id alone would read as a custom scope; the hint decides
         the kind (and so the default concurrency) when the scope is created.
         """
+        meta = request.meta
         if type(raw) is str:  # the default manager's answer: skip building the error context
             scopes: dict[str, float | None] = {raw: None}
         else:
-            meta = request.meta
             where = (
                 f"the throttling_scopes meta of {request}"
                 if raw is meta.get("throttling_scopes")  # the default manager passes it on
                 else f"{type(self.manager).__name__}.get_scopes()"
             )
             scopes = normalize_scopes(raw, where=where)
-        meta = request.meta
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
             self._kind_hints.setdefault(str(slot), DOMAIN)

@@ -49,6 +49,21 @@ def _number(where: str, value: object, *, minimum: float = 0.0) -> float:
     return number
 
 
+def finite_seconds(value: object) -> float | None:
+    """*value* as a duration (a finite number of seconds >= 0), or None if it is none.
+
+    For values given at run time (request meta, API arguments), whose callers
+    decide between a warning and an error. A bool is no duration.
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds if 0.0 <= seconds < math.inf else None
+
+
 def _integer(where: str, value: object, *, minimum: int) -> int:
     """Return *value* as an int >= *minimum*, or raise naming *where*."""
     if isinstance(value, bool):
