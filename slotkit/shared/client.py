@@ -141,6 +141,10 @@ def _as_store_error(error: BaseException) -> Exception:
     return wrapped
 
 
+#: Seconds between two attempts to (re)open a backend's event subscription.
+RESUBSCRIBE_EVERY = 0.5
+
+
 class CallStats:
     """What a backend sent: commands on the wire, and how long each script call took."""
 
@@ -154,9 +158,25 @@ class CallStats:
         self.sent_at: list[float] = []
         #: The same for the acquires the script answered with "go now".
         self.go_now: list[float] = []
+        #: When the event subscription was last (re)opened.
+        self._subscribed_at = -math.inf
 
     def now(self) -> float:
         return float(self._clock.seconds())
+
+    def subscribing(self) -> bool:
+        """Count an attempt to (re)open the event subscription, unless it is too soon.
+
+        The throttle asks after every successful call, so that a dropped
+        subscription comes back at once; one the server keeps refusing (an ACL
+        without SUBSCRIBE) is then tried at most twice a second, not per call.
+        """
+        now = self.now()
+        if now < self._subscribed_at + RESUBSCRIBE_EVERY:
+            return False
+        self._subscribed_at = now
+        self.commands += 1
+        return True
 
     def record(self, started: float, argv: Sequence[str], reply: Sequence[str]) -> None:
         if argv[0] != "acquire" or len(self.round_trips) >= 200_000:
@@ -253,9 +273,8 @@ class AsyncioRedisBackend:
     def subscribe(self, channel: str, callback: Callable[[str], object]) -> None:
         if self._listener is not None and not self._listener.done():
             return
-        if not _may_subscribe(self):
+        if not self.stats.subscribing():
             return
-        self.stats.commands += 1
         self._listener = asyncio.ensure_future(self._listen(channel, callback))
 
     async def _listen(self, channel: str, callback: Callable[[str], object]) -> None:
@@ -304,24 +323,6 @@ class AsyncioRedisBackend:
         for task in list(self._tasks):
             task.cancel()
         return self._task(self._redis.aclose())
-
-
-#: Seconds between two attempts to (re)open a backend's event subscription.
-RESUBSCRIBE_EVERY = 0.5
-
-
-def _may_subscribe(backend: Any) -> bool:
-    """Whether *backend* may open its subscription now (and note the attempt if so).
-
-    The throttle asks after every successful call, so that a dropped
-    subscription comes back at once; one the server keeps refusing (an ACL
-    without SUBSCRIBE) is then tried at most twice a second, not per call.
-    """
-    now = backend.stats.now()
-    if now < getattr(backend, "_subscribed_at", -math.inf) + RESUBSCRIBE_EVERY:
-        return False
-    backend._subscribed_at = now
-    return True
 
 
 def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
@@ -387,9 +388,8 @@ class ThreadedRedisBackend:
     def subscribe(self, channel: str, callback: Callable[[str], object]) -> None:
         if self._closed or (self._listener is not None and self._listener.is_alive()):
             return
-        if not _may_subscribe(self):
+        if not self.stats.subscribing():
             return
-        self.stats.commands += 1
 
         def listen() -> None:
             pubsub = self._redis.pubsub()

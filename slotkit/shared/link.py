@@ -409,11 +409,9 @@ class StoreLink:
             self._beat_in_flight = False
             if self._closed:
                 return  # answered after close: nothing to adopt or resume
-            if self.mode == FALLBACK:
+            if self.mode == FALLBACK:  # (in shared mode _succeeded renewed the subscription)
                 moment = reply[3] if len(reply) > 3 else None
                 self._resync_in(float(reply[2]) if len(reply) > 2 else 0.0, moment)
-            else:
-                self.backend.subscribe(self.channel, self._event)
             self._schedule_beat(self.options.beat)
 
         def failed(_: object) -> None:
