@@ -36,13 +36,9 @@ from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_instal
 
 from slotkit.downloader import Downloader
 from slotkit.settings import SettingsError
-from slotkit.shared.client import (
-    AsyncioRedisBackend,
-    Backend,
-    ThreadedRedisBackend,
-    TwinBackend,
-)
+from slotkit.shared.client import AsyncioRedisBackend, Backend, TwinBackend
 from slotkit.shared.manager import SharedScopeManager
+from slotkit.shared.threaded import ThreadedRedisBackend
 from slotkit.shared.throttle import Pass, SharedThrottle, ThrottleOptions
 from slotkit.shared.twin import TwinStore
 
