@@ -14,7 +14,9 @@ def pct(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 3)
 
 
-def analyse(n, scenario, args, recorder, workers, hosts, requests, outage) -> dict[str, Any]:
+def analyse(
+    n, scenario, args, recorder, workers, hosts, requests, outage, store, machine
+) -> dict[str, Any]:
     arrivals = recorder.arrivals
     by_worker: dict[str, list[float]] = {}
     for t, _, w, _ in arrivals:
@@ -23,6 +25,8 @@ def analyse(n, scenario, args, recorder, workers, hosts, requests, outage) -> di
     begin = max(min(ts) for ts in by_worker.values()) + 0.5
     end = min(max(ts) for ts in by_worker.values()) - 0.5
     result: dict[str, Any] = {"n": n, "scenario": scenario, "window_s": round(end - begin, 2)}
+    # How busy the machine was while every worker crawled (start-ups out).
+    result["machine"] = machine.between(begin, end)
     if scenario in ("rate", "baseline", "skew"):
         target = 1.0 / args.delay
         rates = {}
@@ -101,6 +105,7 @@ def analyse(n, scenario, args, recorder, workers, hosts, requests, outage) -> di
             values = [w[key] for w in workers if w.get(key) is not None]
             result[f"{key}_worst_worker"] = max(values) if values else None
         result.update(_steady(workers, begin, end))
+        result.update(_store_steady(store, begin, end))
         result["go_now_acquires"] = sum(w.get("go_now_count", 0) for w in workers)
         result["fallbacks"] = sum(w.get("fallbacks", 0) for w in workers)
     exits = [w["exit_after_close_s"] for w in workers if "exit_after_close_s" in w]
@@ -110,6 +115,19 @@ def analyse(n, scenario, args, recorder, workers, hosts, requests, outage) -> di
         for key in ("dispatched", "rtt_series", "lag_series"):
             w.pop(key, None)
     return result
+
+
+def _store_steady(store: list[tuple[int, float, str]], begin: float, end: float) -> dict[str, Any]:
+    """The server's time per ``acquire`` in the steady window (its log has whole seconds)."""
+    if not store:
+        return {}
+    inside = sorted(took for t, took, fn in store if fn == "acquire" and begin <= t <= end - 1)
+    return {
+        "store_acquires": len(inside),
+        "store_acquire_p50_ms": pct(inside, 0.5),
+        "store_acquire_p99_ms": pct(inside, 0.99),
+        "store_acquire_max_ms": round(inside[-1] * 1000, 3) if inside else None,
+    }
 
 
 def _steady(workers: list[dict[str, Any]], begin: float, end: float) -> dict[str, Any]:

@@ -10,7 +10,8 @@ Scenarios (each in fresh processes, against a fresh ``redis-server`` on 127.0.0.
 ``rate``      two hosts, each configured at ``--delay`` (default 0.05 s → 20 req/s, no
               jitter, concurrency 2N); the aggregate per-host rate while every worker
               runs, each worker's share, store calls and commands per request, the
-              p50/p99 of one acquire round trip, and the event loop's lag.
+              p50/p99 of one acquire round trip (in the worker, and the server's own
+              time running the script, from its SLOWLOG), and the event loop's lag.
 ``baseline``  the same crawl without ``THROTTLING_REDIS_URL`` (about N times the rate).
 ``skew``      ``rate`` with one worker's clock 2 s ahead (``SLOTKIT_BENCH_SKEW``, set
               for that worker only, offsets its reactor's time before the crawl starts).
@@ -25,7 +26,8 @@ Scenarios (each in fresh processes, against a fresh ``redis-server`` on 127.0.0.
 ``freeze``    the same with the server frozen (SIGSTOP) for 3 s, then thawed.
 
 Each scenario also reports how long each worker took to exit after its spider
-closed, and the load average. Results go to stdout and
+closed, the load average, and how busy the machine was (``machine``: CPU busy,
+time stolen by the hypervisor, time some runnable task waited for a CPU). Results go to stdout and
 ``benchmarks/results/<--out>`` (default ``shared_workers.json``); the recording
 server and the Redis process live in ``benchmarks/shared_server.py``.
 """
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.shared_analysis import analyse, pct
-from benchmarks.shared_server import Recorder, Redis
+from benchmarks.shared_server import MachineLoad, Recorder, Redis
 
 RESULT = "SHARED-RESULT "
 SKEW_ENV = "SLOTKIT_BENCH_SKEW"
@@ -212,8 +214,10 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
     downloader = "slotkit.shared.SharedDownloader" if shared else "slotkit.Downloader"
     if shared:
         settings.update({"THROTTLING_REDIS_URL": redis.url, "THROTTLING_REDIS_NAMESPACE": "bench"})
+        redis.log_every_command()
     procs = []
     started = time.time()
+    machine = MachineLoad()
     for i in range(n):
         spec = {
             "worker": f"w{i}",
@@ -292,9 +296,12 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
             if hold and float(hold) > 0 and recorder.retry_after is not None:
                 outage["hold_stored"] = float(hold) - recorder.retry_after
         client.close()
+    # The server's own time per script call (the restarted store of "kill" logs nothing).
+    store = redis.script_times() if shared and scenario != "kill" else []
     server.shutdown()
     redis.close()
-    result = analyse(n, scenario, args, recorder, workers, hosts, requests, outage)
+    machine.stop()
+    result = analyse(n, scenario, args, recorder, workers, hosts, requests, outage, store, machine)
     result["loadavg_1m_start_end"] = [load_start[0], round(os.getloadavg()[0], 2)]
     return result
 
