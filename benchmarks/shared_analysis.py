@@ -44,6 +44,10 @@ def analyse(
     if scenario == "conc":
         result["max_in_progress"] = recorder.max_in_progress
         result["violations"] = recorder.violations
+        # How well the slots are used: at most concurrency / response time.
+        count = sum(1 for t, _, _, _ in arrivals if begin <= t < end)
+        result["requests_per_s"] = round(count / (end - begin), 1)
+        result["slots_per_s_at_most"] = round(2 / recorder.latency, 1)
     if scenario == "retry" and recorder.retry_sent_at is not None:
         t429 = recorder.retry_sent_at
         host_429, worker_429 = next((h, w) for t, h, w, _ in arrivals if t == t429)

@@ -50,7 +50,7 @@ def with_releases(k, argv, lease, scopes, concs):
     for scope, conc in zip(scopes, concs, strict=True):
         lkey = f"{NS}l:{scope}"
         if lkey not in k:
-            k.append(lkey)
+            k += [f"{NS}s:{scope}", lkey]
         triples += [lease, str(k.index(lkey) + 1), str(conc)]
     return k, [*argv[:4], str(len(scopes)), *triples, *argv[5:]]
 
@@ -191,10 +191,25 @@ def test_script_and_twin_agree(client, seed):
     """Random sequences of every operation give byte-identical replies from Lua and the twin."""
     script = client.register_script(script_source())
     twin = TwinStore(Clock())  # its clock stays at 0, so no key expires in the twin
+    twin_messages: list[str] = []
+    twin.subscribers.append(lambda channel, message: twin_messages.append(message))
+    events = client.pubsub(ignore_subscribe_messages=True)
+    events.subscribe(NS + "ev")
+    events.get_message(timeout=1.0)
     for step, (k, argv) in enumerate(random_ops(seed)):
         expected = twin.run(k, argv)
         got = script(keys=k, args=argv)
         assert got == expected, f"step {step}: {argv}"
+        # The same messages, in the same order (which worker a freed slot wakes).
+        published = []
+        while len(published) < len(twin_messages):
+            message = events.get_message(timeout=1.0)
+            assert message is not None, f"step {step}: missing {twin_messages}"
+            published.append(message["data"])
+        assert published == twin_messages, f"step {step}: {argv}"
+        assert events.get_message(timeout=0.0) is None, f"step {step}: extra message"
+        twin_messages.clear()
+    events.close()
     # Every key the script wrote expires.
     for key in client.keys("{t}:*"):
         assert client.pttl(key) > 0, key

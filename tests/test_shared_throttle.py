@@ -157,6 +157,82 @@ async def test_shared_concurrency_and_free_message():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_freed_slot_wakes_the_worker_that_waited_longest_only():
+    """With concurrency binding, a release does not set every waiting worker asking again."""
+    cluster = Cluster(4)
+    holder, *waiters = cluster.workers
+    first = cluster.fetch(holder, "http://c/0", [holder.scope("c", delay=0.0)])
+    await settle()
+    pending = {}
+    for w in waiters:  # they find the scope full in this order
+        pending[w.throttle.worker_id] = cluster.fetch(
+            w, f"http://c/{w.throttle.worker_id}", [w.scope("c", delay=0.0)]
+        )
+        await settle()
+    assert not any(f.done() for f in pending.values())
+    asks = sum(w.throttle.acquires for w in waiters)
+    assert asks == 3
+    ticket, order = first.result(), []
+    for _ in waiters:
+        owner = ticket.lease.split(":")[0] if ticket.lease else holder.throttle.worker_id
+        next(w for w in cluster.workers if w.throttle.worker_id == owner).throttle.release(ticket)
+        await settle()
+        done = [wid for wid, f in pending.items() if f.done() and wid not in order]
+        assert len(done) == 1, "one freed slot, one worker admitted"
+        order += done
+        ticket = pending[done[0]].result()
+    assert order == ["w1", "w2", "w3"], "first come, first served"
+    # One ask on finding the scope full, one when woken: no worker asked in vain.
+    assert sum(w.throttle.acquires for w in waiters) == 6
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_woken_worker_that_cannot_use_the_slot_passes_it_on():
+    """Woken for scope a while its request also waits for a full scope b: the next a-waiter goes."""
+    cluster = Cluster(4)
+    w_a, w_b, both, only_a = cluster.workers
+    holding_a = cluster.fetch(w_a, "http://a/0", [w_a.scope("a", delay=0.0)])
+    holding_b = cluster.fetch(w_b, "http://b/0", [w_b.scope("b", delay=0.0)])
+    await settle()
+    blocked = cluster.fetch(
+        both, "http://ab/1", [both.scope("a", delay=0.0), both.scope("b", delay=0.0)]
+    )
+    await settle()
+    waiting = cluster.fetch(only_a, "http://a/1", [only_a.scope("a", delay=0.0)])
+    await settle()
+    w_a.throttle.release(holding_a.result())  # names "both", first in a's queue
+    await settle()
+    assert not blocked.done(), "b is still full"
+    assert waiting.done(), "the slot of a went on to the next waiter at once"
+    w_b.throttle.release(holding_b.result())
+    only_a.throttle.release(waiting.result())
+    await settle()
+    assert blocked.done()
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_waiter_does_not_keep_a_freed_slot():
+    """A worker that queued for a scope and then went silent is passed over."""
+    cluster = Cluster(3)
+    holder, gone, alive = cluster.workers
+    first = cluster.fetch(holder, "http://c/0", [holder.scope("c", delay=0.0)])
+    await settle()
+    lost = cluster.fetch(gone, "http://c/gone", [gone.scope("c", delay=0.0)])
+    await settle()
+    gone.throttle.close()  # leaves the store: no longer a live worker
+    await settle()
+    waiting = cluster.fetch(alive, "http://c/alive", [alive.scope("c", delay=0.0)])
+    await settle()
+    holder.throttle.release(first.result())
+    await settle()
+    assert waiting.done(), "the live waiter got the slot at once"
+    assert lost.done()  # failed by the close
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_hold_stops_every_worker_and_cancels_reservations():
     """A Retry-After hold from one worker cancels the others' reservations and holds them."""
     cluster = Cluster(2)

@@ -189,7 +189,10 @@ class StoreLink:
         head = [op, "", self.worker_id, fmt(self.options.worker_ttl), str(len(riding))]
         for lease, lease_key, concurrency in riding:
             if lease_key not in keys:
-                keys.append(lease_key)
+                # The scope's state hash just before its lease set: the script
+                # finds the queue of workers waiting for the scope there.
+                state_key = self.prefix + "s:" + lease_key[len(self.prefix) + 2 :]
+                keys += [state_key, lease_key]
             head += [lease, str(keys.index(lease_key) + 1), concurrency]
         d = self.backend.run(keys, head + args)
         d.addTimeout(self.options.timeout, self.clock)
@@ -434,6 +437,8 @@ class StoreLink:
                 # Known locally too: a request that falls back keeps to it.
                 manager.note_hold(now + float(extra))
         if kind == "free":
+            if extra and extra != self.worker_id:
+                return  # the slot goes to the worker that waited longest for it
             self.freed[scope_id] = self.event_count
         if kind == "need":
             # Another worker found the scope full: give back what we keep for it.

@@ -12,7 +12,8 @@
 --
 -- ARGV: op, now override ('' = TIME), worker id, worker ttl, then the leases
 -- to give back (every op carries them, so a release rides on the next call):
---   n releases, then 3 per release: lease id, index in KEYS of its lease set, concurrency
+--   n releases, then 3 per release: lease id, index in KEYS of its lease set (its
+--   state hash is the key just before it), concurrency
 -- then per op (the releases are done first):
 --   acquire: lease id, lease ttl, horizon, key ttl, n scopes, then 17 per scope:
 --            amount, delay, concurrency, quota (<= 0: none), window, crawl delay,
@@ -101,15 +102,73 @@ for _, id in ipairs(redis.call('ZRANGE', workers, 0, -1)) do
 end
 local N = tostring(n) .. ':' .. tostring(rank)
 
+-- Workers told a scope was full queue for it, in order, in the 'wq' field of
+-- its state hash (ids joined by spaces). A freed slot wakes the first live
+-- one only: waking every waiting worker would have them all ask again for
+-- one slot, a call per worker per request.
+local function enqueue(skey, id, ttl)
+  local queue = redis.call('HGET', skey, 'wq')
+  if not queue then
+    redis.call('HSET', skey, 'wq', id)
+    -- (A scope full of leases adopted after an outage may have no state yet.)
+    if redis.call('PTTL', skey) < 0 then pexpire(skey, ttl) end
+    return
+  end
+  for other in string.gmatch(queue, '%S+') do
+    if other == id then return end
+  end
+  redis.call('HSET', skey, 'wq', queue .. ' ' .. id)
+end
+
+local function leave_queue(skey, id)
+  local queue = redis.call('HGET', skey, 'wq')
+  if not queue then return end
+  local rest = {}
+  for other in string.gmatch(queue, '%S+') do
+    if other ~= id then rest[#rest + 1] = other end
+  end
+  if #rest == 0 then
+    redis.call('HDEL', skey, 'wq')
+  else
+    redis.call('HSET', skey, 'wq', table.concat(rest, ' '))
+  end
+end
+
+-- The first waiter still alive other than *skip*, taken off the queue (dead
+-- ones before it too; *skip* keeps its place).
+local function first_waiter(skey, skip)
+  local queue = redis.call('HGET', skey, 'wq')
+  if not queue then return nil end
+  local who, rest = nil, {}
+  for other in string.gmatch(queue, '%S+') do
+    if who or other == skip then
+      rest[#rest + 1] = other
+    elseif redis.call('ZSCORE', workers, other) then
+      who = other
+    end
+  end
+  if #rest == 0 then
+    redis.call('HDEL', skey, 'wq')
+  else
+    redis.call('HSET', skey, 'wq', table.concat(rest, ' '))
+  end
+  return who
+end
+
 -- 2. Leases given back (piggy-backed on this call). A release that frees a
--- full scope is published: a worker waiting for a slot asks again at once.
+-- full scope is published, naming the worker that waited longest for it
+-- (every worker, when none waits): that worker asks again at once.
 for r = 1, nrel do
   local b = 5 + 3 * (r - 1)
-  local lkey = KEYS[tonumber(ARGV[b + 2])]
+  local index = tonumber(ARGV[b + 2])
+  local lkey = KEYS[index]
   local active = redis.call('ZCARD', lkey)
   local removed = redis.call('ZREM', lkey, ARGV[b + 1])
   if removed > 0 and active >= tonumber(ARGV[b + 3]) then
-    redis.call('PUBLISH', channel, 'free\t' .. string.sub(lkey, string.len(prefix) + 3))
+    local message = 'free\t' .. string.sub(lkey, string.len(prefix) + 3)
+    local who = first_waiter(KEYS[index - 1], nil)
+    if who then message = message .. '\t' .. who end
+    redis.call('PUBLISH', channel, message)
   end
 end
 
@@ -327,6 +386,21 @@ if op == 'acquire' then
       redis.call('ZADD', lkey, fmt(ready + lease_ttl), lease)
       pexpire(lkey, ready + lease_ttl - now + 1)
       save(KEYS[2 * i], st, math.max(key_ttl, a.window))
+    end
+  end
+  -- A worker told "full" queues for every scope that is; one admitted leaves
+  -- the queues it was in. One not admitted (another of its scopes is full, or
+  -- a quota) passes a free slot on to that scope's next waiter: woken for the
+  -- slot, it could not use it.
+  for i = 1, scopes do
+    local skey = KEYS[2 * i]
+    if status == 'ok' then
+      leave_queue(skey, wid)
+    elseif args[i].active >= args[i].conc then
+      if status == 'full' then enqueue(skey, wid, key_ttl) end
+    else
+      local who = first_waiter(skey, wid)
+      if who then redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who) end
     end
   end
   -- Per scope: the hold left, and the slots still free after this call.

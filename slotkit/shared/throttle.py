@@ -9,8 +9,9 @@ How one request passes (after the local gate admitted it):
 2. The request waits that long on the crawl's clock, then goes. A ``hold``
    published meanwhile for one of its scopes (another worker saw a 429)
    cancels the reservation: the lease is given back and step 1 is redone.
-   A ``full`` answer waits for a ``free`` message (or the lease expiry); a
-   ``wait`` answer (quota, or beyond the horizon) waits and asks again.
+   A ``full`` answer queues this worker for the scope in the store and
+   waits for a ``free`` message naming it (or ``full_poll``); a ``wait``
+   answer (quota, or beyond the horizon) waits and asks again.
 3. :meth:`SharedThrottle.release` gives the leases back once the download
    ended. A release does not make a call of its own if it can help it: it
    rides on the next call this worker makes within ``release_linger``, and

@@ -116,6 +116,49 @@ class TwinStore:
     def _zadd(self, key: str, score: str, member: str) -> None:
         self._zset(key)[member] = float(score)
 
+    # The queue of workers waiting for a full scope (the 'wq' field of its state)
+
+    def _set_queue(self, skey: str, ids: list[str]) -> None:
+        fields = self.hashes.get(skey, {})
+        if ids:
+            fields["wq"] = " ".join(ids)
+            return
+        fields.pop("wq", None)
+        if not fields:  # like Redis, a hash left without fields is gone
+            self.hashes.pop(skey, None)
+            self.expiry.pop(skey, None)
+
+    def _enqueue(self, skey: str, member: str, ttl: float) -> None:
+        self._live(skey)
+        queue = self.hashes.get(skey, {}).get("wq")
+        if queue is None:
+            self.hashes.setdefault(skey, {})["wq"] = member
+            if skey not in self.expiry:
+                self._pexpire(skey, ttl)
+        elif member not in queue.split():
+            self._set_queue(skey, [*queue.split(), member])
+
+    def _leave_queue(self, skey: str, member: str) -> None:
+        self._live(skey)
+        queue = self.hashes.get(skey, {}).get("wq")
+        if queue is not None:
+            self._set_queue(skey, [other for other in queue.split() if other != member])
+
+    def _first_waiter(self, skey: str, workers: str, skip: str | None) -> str | None:
+        self._live(skey)
+        queue = self.hashes.get(skey, {}).get("wq")
+        if queue is None:
+            return None
+        live = self._zset(workers)
+        who, rest = None, []
+        for other in queue.split():
+            if who is not None or other == skip:
+                rest.append(other)
+            elif other in live:
+                who = other
+        self._set_queue(skey, rest)
+        return who
+
     def ttl(self, key: str) -> float | None:
         """Seconds until *key* expires; ``None`` if it does not exist or never expires."""
         self._live(key)
@@ -200,14 +243,17 @@ class TwinStore:
         nrel = int(argv[4])
         for r in range(nrel):
             b = 4 + 3 * r
-            lkey = keys[int(argv[b + 2]) - 1]
+            index = int(argv[b + 2])
+            lkey = keys[index - 1]
             leases = self._zset(lkey)
             active = len(leases)
             removed = leases.pop(argv[b + 1], None) is not None
             if not leases:
                 self.zsets.pop(lkey, None)
             if removed and active >= float(argv[b + 3]):
-                self.publish(channel, "free\t" + scope_of(lkey))
+                message = "free\t" + scope_of(lkey)
+                who = self._first_waiter(keys[index - 2], workers, None)
+                self.publish(channel, message if who is None else f"{message}\t{who}")
         o = 4 + 3 * nrel  # where the op's own arguments start (0-based, minus one)
 
         if op == "beat" and len(argv) > o + 1:
@@ -224,7 +270,9 @@ class TwinStore:
             return ["ok", count]
 
         if op == "acquire":
-            return self._acquire(keys, argv, o, now, count, channel, scope_of, load, save, settle)
+            return self._acquire(
+                keys, argv, o, now, wid, count, channel, scope_of, load, save, settle
+            )
         if op == "backoff":
             key_ttl = float(argv[o + 1])
             scopes = int(argv[o + 2])
@@ -321,6 +369,7 @@ class TwinStore:
         argv: Sequence[str],
         o: int,
         now: float,
+        wid: str,
         count: str,
         channel: str,
         scope_of: Callable[[str], str],
@@ -392,6 +441,17 @@ class TwinStore:
                 self._zadd(lkey, fmt(ready + lease_ttl), lease)
                 self._pexpire(lkey, ready + lease_ttl - now + 1)
                 save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
+        for i, a in enumerate(params):
+            skey = keys[1 + 2 * i]
+            if status == "ok":
+                self._leave_queue(skey, wid)
+            elif a["active"] >= a["conc"]:
+                if status == "full":
+                    self._enqueue(skey, wid, key_ttl)
+            else:
+                who = self._first_waiter(skey, keys[0], wid)
+                if who is not None:
+                    self.publish(channel, f"free\t{scope_of(skey)}\t{who}")
         reply = [status, count, fmt(wait)]
         for st, a in zip(states, params, strict=True):
             reply += [fmt(max(0.0, st.hold - now)), str(int(a["conc"] - a["active"] - taken))]
