@@ -120,6 +120,14 @@ local function enqueue(skey, id, ttl)
   redis.call('HSET', skey, 'wq', queue .. ' ' .. id)
 end
 
+local function set_queue(skey, ids)
+  if #ids == 0 then
+    redis.call('HDEL', skey, 'wq')
+  else
+    redis.call('HSET', skey, 'wq', table.concat(ids, ' '))
+  end
+end
+
 local function leave_queue(skey, id)
   local queue = redis.call('HGET', skey, 'wq')
   if not queue then return end
@@ -127,11 +135,7 @@ local function leave_queue(skey, id)
   for other in string.gmatch(queue, '%S+') do
     if other ~= id then rest[#rest + 1] = other end
   end
-  if #rest == 0 then
-    redis.call('HDEL', skey, 'wq')
-  else
-    redis.call('HSET', skey, 'wq', table.concat(rest, ' '))
-  end
+  set_queue(skey, rest)
 end
 
 -- The first waiter still alive other than *skip*, taken off the queue (dead
@@ -147,11 +151,7 @@ local function first_waiter(skey, skip)
       who = other
     end
   end
-  if #rest == 0 then
-    redis.call('HDEL', skey, 'wq')
-  else
-    redis.call('HSET', skey, 'wq', table.concat(rest, ' '))
-  end
+  set_queue(skey, rest)
   return who
 end
 
