@@ -213,6 +213,24 @@ async def test_a_woken_worker_that_cannot_use_the_slot_passes_it_on():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_release_wakes_the_waiter_while_rampup_holds_concurrency_down():
+    """Rampup starts a scope of concurrency 4 at 1: its releases must still wake a waiter."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    config = {"concurrency": 4, "delay": 0.0, "rampup": {"window": 10.0}}
+    first = cluster.fetch(a, "http://r/1", [a.scope("r", **config)])
+    await settle()
+    second = cluster.fetch(b, "http://r/2", [b.scope("r", **config)])
+    await settle()
+    assert first.done()
+    assert not second.done(), "rampup's concurrency of 1 is taken"
+    a.throttle.release(first.result())
+    await settle()
+    assert second.done(), "woken at once, not a full_poll later"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_dead_waiter_does_not_keep_a_freed_slot():
     """A worker that queued for a scope and then went silent is passed over."""
     cluster = Cluster(3)

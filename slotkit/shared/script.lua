@@ -155,20 +155,29 @@ local function first_waiter(skey, skip)
   return who
 end
 
--- 2. Leases given back (piggy-backed on this call). A release that frees a
--- full scope is published, naming the worker that waited longest for it
--- (every worker, when none waits): that worker asks again at once.
+-- 2. Leases given back (piggy-backed on this call). A release is published to
+-- the worker that waited longest for its scope, which asks again at once; to
+-- every worker if nobody is queued but the scope was full.
 for r = 1, nrel do
   local b = 5 + 3 * (r - 1)
   local index = tonumber(ARGV[b + 2])
   local lkey = KEYS[index]
   local active = redis.call('ZCARD', lkey)
   local removed = redis.call('ZREM', lkey, ARGV[b + 1])
-  if removed > 0 and active >= tonumber(ARGV[b + 3]) then
+  if removed > 0 then
+    local skey = KEYS[index - 1]
     local message = 'free\t' .. string.sub(lkey, string.len(prefix) + 3)
-    local who = first_waiter(KEYS[index - 1], nil)
-    if who then message = message .. '\t' .. who end
-    redis.call('PUBLISH', channel, message)
+    local who = first_waiter(skey, nil)
+    if who then
+      redis.call('PUBLISH', channel, message .. '\t' .. who)
+    else
+      -- Nobody queued: tell everyone if the scope was full (rampup may hold
+      -- it below the configured concurrency the release carries).
+      local limit = tonumber(ARGV[b + 3])
+      local rc = num(redis.call('HGET', skey, 'rc'), 0)
+      if rc >= 1 and rc < limit then limit = rc end
+      if active >= limit then redis.call('PUBLISH', channel, message) end
+    end
   end
 end
 

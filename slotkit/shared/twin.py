@@ -250,10 +250,20 @@ class TwinStore:
             removed = leases.pop(argv[b + 1], None) is not None
             if not leases:
                 self.zsets.pop(lkey, None)
-            if removed and active >= float(argv[b + 3]):
+            if removed:
+                skey = keys[index - 2]
                 message = "free\t" + scope_of(lkey)
-                who = self._first_waiter(keys[index - 2], workers, None)
-                self.publish(channel, message if who is None else f"{message}\t{who}")
+                who = self._first_waiter(skey, workers, None)
+                if who is not None:
+                    self.publish(channel, f"{message}\t{who}")
+                else:
+                    limit = float(argv[b + 3])
+                    self._live(skey)
+                    rc = _num(self.hashes.get(skey, {}).get("rc"))
+                    if 1 <= rc < limit:
+                        limit = rc
+                    if active >= limit:
+                        self.publish(channel, message)
         o = 4 + 3 * nrel  # where the op's own arguments start (0-based, minus one)
 
         if op == "beat" and len(argv) > o + 1:
