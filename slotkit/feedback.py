@@ -108,7 +108,9 @@ class Feedback:
         self._stats.inc(f"backoff/triggers/{reason}")
         if hinted:
             return False  # the hint already held the scope: a hard minimum, not a step
-        if ticket.sent_at < scope.step_started_at:
+        # A response to a request that left before the current step began is
+        # part of the burst that caused it.
+        if ticket.left_at < scope.step_started_at:
             self._stats.inc("backoff/deduplicated")
             return False
         manager = scope.manager

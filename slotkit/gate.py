@@ -77,6 +77,7 @@ class Waiter:
         "delay_call",
         "enqueued_at",
         "sent_at",
+        "left_at",
         "released",
     )
 
@@ -99,6 +100,9 @@ class Waiter:
         self.enqueued_at = 0.0
         #: When the request was dispatched (valid once ``dispatched``).
         self.sent_at = 0.0
+        #: When it left for the network: ``sent_at``, or later when another
+        #: layer made it wait after the gate (the shared store's reservation).
+        self.left_at = 0.0
         self.released = False
 
     def __lt__(self, other: Waiter) -> bool:  # heap ties never reach here; keys are unique
@@ -354,7 +358,7 @@ class Gate:
 
     def _dispatch(self, waiter: Waiter, now: float) -> None:
         waiter.dispatched = True
-        waiter.sent_at = now
+        waiter.sent_at = waiter.left_at = now
         self.waiting.discard(waiter)
         request = waiter.request
         for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):

@@ -413,3 +413,23 @@ async def test_get_response_delay_override_is_honoured(mock_site: MockSite) -> N
     first, second = result.dispatch_times(HOST)
     assert second - first >= 0.6 - EPSILON
     assert result.stats["throttling/backoff/header_hints"] == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_shared_backoff_counts_a_request_by_when_it_left(mock_site: MockSite) -> None:
+    """Shared mode: a request that waited for its reservation after the local gate
+    admitted it, and left after a backoff step, is a new trigger, not a duplicate."""
+    mock_site.set_behaviour(HOST, fail_first(3, 503))
+    settings = {
+        **SLOTKIT,
+        "THROTTLING_REDIS_URL": "local",
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+        "DOWNLOAD_DELAY": 0.1,
+        "BACKOFF_MIN_DELAY": 0.2,
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 6))
+    assert sorted(r.status for r in result.responses) == [200] * 6
+    # Each 503 answered a request sent after the step the previous one caused,
+    # as in one process without the store.
+    assert result.stats["throttling/backoff/steps"] == 3
+    assert "throttling/backoff/deduplicated" not in result.stats

@@ -182,6 +182,9 @@ class SharedDownloader(Downloader):
             self.gate.release(ticket)
             raise
         self._passes[ticket] = shared_pass
+        # The reservation may have waited: backoff's "sent before the step?"
+        # must see when the request really left.
+        ticket.left_at = self._clock.seconds()
         return ticket
 
     async def _transfer(self, request: Request, ticket: Waiter) -> tuple[Response, bool]:
