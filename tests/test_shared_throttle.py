@@ -274,6 +274,27 @@ async def test_a_hold_stops_every_worker_and_cancels_reservations():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_backoff_step_moves_the_other_workers_reservations_out():
+    """A reservation granted before another worker's backoff step does not go at the old pace."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    ta = await reserve_now(a, "http://s/0", [a.scope("s", concurrency=5)])
+    a_went = cluster.clock.seconds()
+    pending = cluster.fetch(b, "http://s/1", [b.scope("s", concurrency=5)])
+    await settle()
+    assert not pending.done()  # reserved for DELAY after a's request
+    await cluster.run_for(0.2)
+    token = current_pass.set(ta)
+    a.scopes["s"].manager.record_backoff(None, a.clock.seconds())  # a 503: one step, 1 s -> 2 s
+    current_pass.reset(token)
+    await cluster.run_for(3.5)
+    assert pending.done()
+    ((went, _),) = b.sent
+    assert went >= a_went + 2 * DELAY - 1e-6, "the new interval, as in one process"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_backoff_steps_are_deduplicated_across_workers():
     """Two workers reporting a 429 for requests sent before the step count one step."""
     cluster = Cluster(2)

@@ -466,7 +466,11 @@ if op == 'backoff' then
         -- Rampup raised the concurrency: a step takes that back first.
         st.rc = st.rc - 1
       else
-        st.bo = math.min(bmax, math.max(bmin, math.max(base, st.bo) * factor))
+        local before = math.max(base, st.bo)
+        st.bo = math.min(bmax, math.max(bmin, before * factor))
+        -- The next slot moves out to the new interval (the workers give back
+        -- the reservations they hold on the "step" message and ask again).
+        st.tat = st.tat + math.max(0, math.max(base, st.bo) - before)
       end
       st.ss = now
       outcome = 'step'

@@ -7,8 +7,9 @@ How one request passes (after the local gate admitted it):
    *reservation*: the request's place in every scope's schedule and a
    concurrency lease, taken atomically.
 2. The request waits that long on the crawl's clock, then goes. A ``hold``
-   published meanwhile for one of its scopes (another worker saw a 429)
-   cancels the reservation: the lease is given back and step 1 is redone.
+   or a backoff ``step`` published meanwhile for one of its scopes (another
+   worker saw a 429) cancels the reservation: the lease is given back and
+   step 1 is redone.
    A ``full`` answer queues this worker for the scope in the store and
    waits for a ``free`` message naming it (or ``full_poll``); a ``wait``
    answer (quota, or beyond the horizon) waits and asks again.
@@ -119,8 +120,10 @@ class SharedThrottle(StoreLink):
             if status == "ok":
                 if wait > 0:
                     due = now + wait + o.hold_guard
+                    # A hold, or a backoff step, published meanwhile: the
+                    # reserved time no longer holds.
                     outcome = await maybe_deferred_to_future(
-                        self.sleeps.sleep(due - now, ticket.scope_ids, ("hold",)).deferred
+                        self.sleeps.sleep(due - now, ticket.scope_ids, ("hold", "step")).deferred
                     )
                     lateness = self.clock.seconds() - due
                     allowed = max(o.late_min, o.late_fraction * min(intervals, default=0.0))

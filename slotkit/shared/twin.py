@@ -315,7 +315,10 @@ class TwinStore:
                     if a["ron"] > 0 and st.rc > a["minc"]:
                         st.rc = st.rc - 1  # rampup's concurrency goes back first
                     else:
-                        st.bo = min(bmax, max(bmin, max(base, st.bo) * factor))
+                        before = max(base, st.bo)
+                        st.bo = min(bmax, max(bmin, before * factor))
+                        # The next slot moves out to the new interval.
+                        st.tat = st.tat + max(0.0, max(base, st.bo) - before)
                     st.ss = now
                     outcome = "step"
                     self.publish(channel, "step\t" + scope_of(skey))
