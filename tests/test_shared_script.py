@@ -295,3 +295,21 @@ def test_a_step_beyond_the_target_first_takes_back_raised_concurrency(client, st
     assert outcomes[:3] == [("ramp", 0.0), ("step", 0.0), ("step", 0.0)]
     assert outcomes[3][0] == "step"
     assert outcomes[3][1] > 0  # at the floor: the delay steps
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_quota_counts_in_the_window_its_request_goes_in(client, store):
+    """A reservation made at the end of one window for a time in the next counts in the
+    next: that window then admits only the rest of its quota (aligned windows of 10 s)."""
+    run = store_runner(client, store)
+    q = {"delay": 4.0, "concurrency": 10, "quota": 2.0, "window": 10.0}
+    start = 1_700_000_000.0  # a window boundary
+    replies = [
+        run(keys("q"), acquire_argv(start + at, "w", f"l{i}", [q]))
+        for i, at in enumerate((7.0, 7.1, 10.5, 10.6))
+    ]
+    # Reserved for 7.0, 11.0 (next window), 15.0; the fourth would be 19.0: a
+    # third arrival in the window [10, 20), so it waits for the one after.
+    assert [r[0] for r in replies] == ["ok", "ok", "ok", "wait"]
+    assert float(replies[1][2]) == pytest.approx(3.9)
+    assert float(replies[3][2]) == pytest.approx(20.0 - 10.6)

@@ -290,14 +290,15 @@ if op == 'adopt' then
     local skey, lkey = KEYS[2 * i], KEYS[2 * i + 1]
     local st = load(skey)
     if now + gap > st.tat then st.tat = now + gap end
-    -- Quota units the fallback spent count in the current window.
+    -- Quota units the fallback spent count in the current window (unless
+    -- reservations already count a later one).
     if units > 0 and window > 0 then
       local widx = math.floor(now / window)
-      if st.qw ~= widx then
+      if widx > st.qw then
         st.qw = widx
         st.qu = 0
       end
-      st.qu = st.qu + units
+      if widx == st.qw then st.qu = st.qu + units end
     end
     save(skey, st, key_ttl)
     for j = 1, m do
@@ -356,18 +357,25 @@ if op == 'acquire' then
     end
     local r = math.max(st.tat, st.hold)
     if r > ready then ready = r end
+    states[i], args[i] = st, a
+  end
+  -- A quota counts in the window the request goes in (its reserved time, not
+  -- the time of this call): a reservation made late in one window for the
+  -- next counts in the next, where the server sees it. One window is kept
+  -- per scope, the latest any reservation reached.
+  for i = 1, scopes do
+    local st, a = states[i], args[i]
     if a.quota > 0 then
-      local widx = math.floor(now / a.window)
-      if st.qw ~= widx then
+      local widx = math.floor(ready / a.window)
+      if widx > st.qw then
         st.qw = widx
         st.qu = 0
       end
       if st.qu > 0 and st.qu + a.amount - a.quota > 1e-9 then
-        local qw = (widx + 1) * a.window - now
+        local qw = (st.qw + 1) * a.window - now
         if qw > quota_wait then quota_wait = qw end
       end
     end
-    states[i], args[i] = st, a
   end
   local wait = ready - now
   local status = 'ok'
@@ -499,14 +507,18 @@ if op == 'quota' then
     local skey = KEYS[2 * i]
     local st = load(skey)
     local widx = math.floor(now / window)
-    if st.qw ~= widx then
+    if widx > st.qw then
       st.qw = widx
       st.qu = 0
     end
-    if remaining >= 0 then
-      st.qu = math.max(0, quota - remaining)
-    else
-      st.qu = st.qu + consumed
+    -- The server's figures are for the current window: reservations may
+    -- already count a later one, which they say nothing about.
+    if widx == st.qw then
+      if remaining >= 0 then
+        st.qu = math.max(0, quota - remaining)
+      else
+        st.qu = st.qu + consumed
+      end
     end
     save(skey, st, math.max(key_ttl, window))
   end

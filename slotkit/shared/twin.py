@@ -339,13 +339,14 @@ class TwinStore:
                 skey = keys[1 + 2 * i]
                 st = load(skey)
                 widx = math.floor(now / window)
-                if st.qw != widx:
+                if widx > st.qw:
                     st.qw = widx
                     st.qu = 0.0
-                if remaining >= 0:
-                    st.qu = max(0.0, quota - remaining)
-                else:
-                    st.qu = st.qu + consumed
+                if widx == st.qw:  # (reservations may count a later window)
+                    if remaining >= 0:
+                        st.qu = max(0.0, quota - remaining)
+                    else:
+                        st.qu = st.qu + consumed
                 save(skey, st, max(key_ttl, window))
             return ["ok", count]
 
@@ -361,10 +362,11 @@ class TwinStore:
                     st.tat = now + gap
                 if units > 0 and window > 0:
                     widx = math.floor(now / window)
-                    if st.qw != widx:
+                    if widx > st.qw:
                         st.qw = widx
                         st.qu = 0.0
-                    st.qu = st.qu + units
+                    if widx == st.qw:
+                        st.qu = st.qu + units
                 save(skey, st, key_ttl)
                 for j in range(m):
                     self._zadd(lkey, fmt(now + lease_ttl), argv[b + 5 + j])
@@ -420,15 +422,17 @@ class TwinStore:
                 full_retry = min(full_retry, min(leases.values()) - now)
                 self.publish(channel, "need\t" + scope_of(lkey))
             ready = max(ready, st.tat, st.hold)
+            states.append(st)
+            params.append(a)
+        # A quota counts in the window of the reserved time (see the script).
+        for st, a in zip(states, params, strict=True):
             if a["quota"] > 0:
-                widx = math.floor(now / a["window"])
-                if st.qw != widx:
+                widx = math.floor(ready / a["window"])
+                if widx > st.qw:
                     st.qw = widx
                     st.qu = 0.0
                 if st.qu > 0 and st.qu + a["amount"] - a["quota"] > 1e-9:
-                    quota_wait = max(quota_wait, (widx + 1) * a["window"] - now)
-            states.append(st)
-            params.append(a)
+                    quota_wait = max(quota_wait, (st.qw + 1) * a["window"] - now)
         wait = ready - now
         status = "ok"
         if full:
