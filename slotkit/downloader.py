@@ -44,6 +44,7 @@ from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue
 from slotkit.scope_control import ScopeControl
 from slotkit.scope_managers import check_scope_manager_class
+from slotkit.setting_names import warn_unknown_setting_names
 from slotkit.settings import DOMAIN, ThrottlingSettings
 from slotkit.signaling import send_if_heard
 from slotkit.slots import SlotsView, SlotView, view_of
@@ -83,6 +84,7 @@ class Downloader(ScopeControl, SpiderClosing):
         self.signals = crawler.signals
         # 1. Validate everything first: a bad setting must fail before any I/O is set up.
         self.config = ThrottlingSettings.from_settings(crawler.settings)
+        warn_unknown_setting_names(crawler.settings)
         check_scope_manager_class("THROTTLING_SCOPE_MANAGER", self.config.scope_manager)
         for scope_id, entry in self.config.scopes.items():
             if "manager" in entry:

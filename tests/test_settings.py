@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -602,3 +603,40 @@ def test_bad_command_line_pairs_name_the_setting(text: str):
         read({"RAMPUP_BACKOFF_TARGET": text})
     if text.startswith("["):
         assert repr(text) in str(error.value)  # what the user typed, not the split list
+
+
+def test_a_misspelt_slotkit_setting_is_named_at_start(caplog):
+    """Scrapy ignores a setting nobody reads: a typo of THROTTLING_REDIS_URL would leave
+    every worker throttling alone without a word. slotkit names it, with the closest name."""
+    from scrapy.utils.test import get_crawler
+
+    from slotkit import Downloader
+
+    settings = {
+        "THROTTLING_REDIS_ULR": "redis://127.0.0.1:6379/0",
+        "BACKOFF_MINDELAY": 1.0,
+        "BACKOFF_MIN_DELAY": 0.5,  # known: not named
+        "THROTTLE_SOMETHING": 1,  # not slotkit's prefix: not named
+    }
+    with caplog.at_level(logging.WARNING, logger="slotkit"):
+        downloader = Downloader(get_crawler(settings_dict=settings))
+    downloader.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert (
+        "slotkit: the setting THROTTLING_REDIS_ULR is not one slotkit reads; "
+        "did you mean 'THROTTLING_REDIS_URL'?" in warnings
+    )
+    assert any("BACKOFF_MINDELAY" in w and "'BACKOFF_MIN_DELAY'" in w for w in warnings)
+    assert not any("THROTTLE_SOMETHING" in w or "BACKOFF_MIN_DELAY " in w for w in warnings)
+
+
+def test_every_documented_setting_is_one_slotkit_reads():
+    """docs/settings.rst and the names slotkit knows (for the misspelling warning) agree."""
+    import re
+    from pathlib import Path
+
+    from slotkit.setting_names import SETTING_NAMES
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "settings.rst").read_text()
+    documented = set(re.findall(r"``((?:THROTTLING|BACKOFF|RAMPUP)_[A-Z_]+)``", text))
+    assert documented == SETTING_NAMES

@@ -29,6 +29,7 @@ import socket
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from scrapy import signals
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -90,6 +91,13 @@ def make_backend(url: str, timeout: float, clock: IReactorTime) -> Backend:
         parse_url(url)
     except ValueError as exc:
         raise SettingsError(f"THROTTLING_REDIS_URL {url!r} cannot be used: {exc}") from None
+    database = urlparse(url).path.strip("/")
+    if url.startswith(("redis://", "rediss://")) and database and not database.isdigit():
+        # redis-py would quietly use database 0.
+        raise SettingsError(
+            f"THROTTLING_REDIS_URL {url!r}: the database after the host must be a number, "
+            f"as in redis://localhost:6379/0 (got {database!r})"
+        )
     if not is_reactor_installed() or is_asyncio_reactor_installed():
         return AsyncioRedisBackend(url, timeout, clock)
     return ThreadedRedisBackend(url, timeout, clock)
