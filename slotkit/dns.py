@@ -86,7 +86,6 @@ class AddressLookups:
         # CachingHostnameResolver caches whatever it is asked, and an IPv4-only
         # question (what reactor.resolve() asks) would leave its cache, and so
         # every later connection to the host, without the IPv6 addresses.
-        self._name_resolver = getattr(reactor, "nameResolver", None)
         self._resolve = getattr(reactor, "resolve", None)
         loop = getattr(reactor, "loop", None)  # slotkit.clock.AsyncioClock, reactorless
         if self._name_resolver is None and self._resolve is None and loop is not None:
@@ -99,6 +98,13 @@ class AddressLookups:
         self._waiting: dict[Deferred[None], Request] = {}
         #: Hosts whose lookup failed in this crawl (not retried; their downloads say why).
         self._failed: set[str] = set()
+
+    @property
+    def _name_resolver(self) -> Any:
+        # Read at each lookup, not once: CrawlerProcess installs the crawl's
+        # resolver (DNS_RESOLVER, TWISTED_DNS_RESOLVER) after the downloader
+        # is built, and downloads use that one.
+        return getattr(self._reactor, "nameResolver", None)
 
     @classmethod
     def for_crawl(cls, reactor: Any, settings: Any) -> AddressLookups:

@@ -142,3 +142,16 @@ def test_the_name_resolver_is_asked_for_every_address_family() -> None:
     assert reactor.asked == [("dual.example.test", None)]
     assert fired == [None]
     assert cached_ip("dual.example.test") == "::5"
+
+
+def test_the_resolver_installed_after_the_downloader_is_the_one_asked() -> None:
+    """CrawlerProcess installs the crawl's resolver (DNS_RESOLVER) after the engine built
+    the downloader: lookups must go to the resolver the downloads use, not the first one."""
+    reactor = NameResolving()
+    first = reactor.nameResolver
+    lookups = AddressLookups(reactor)
+    installed = NameResolving()
+    reactor.nameResolver = installed
+    lookups.lookup("late.example.test")
+    assert installed.asked == [("late.example.test", None)]
+    assert first.asked == []
