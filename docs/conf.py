@@ -12,6 +12,8 @@ from pathlib import Path
 
 # Document the working tree even when slotkit is not installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# docs/_ext: the autointerface directive for zope interfaces.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 project = "slotkit"
 author = "slotkit contributors"
@@ -21,6 +23,7 @@ version = "0.1"
 
 extensions = [
     "sphinx.ext.autodoc",
+    "zope_interfaces",
 ]
 
 # Builds must work offline, so no intersphinx.

@@ -44,7 +44,8 @@ class ThrottlingScopeManager:
     * **Concurrency**: at most ``concurrency`` requests in flight.
     * **Delay**: at least ``delay * (1 + uniform(low, high))`` seconds between
       two dispatches. The factor is drawn once per dispatch, so the answer of
-      :meth:`can_send` does not change between two calls.
+      :meth:`~slotkit.interfaces.IThrottlingScopeManager.can_send` does not
+      change between two calls.
     * **Hold**: ``record_backoff(delay=...)`` forbids dispatches until a
       deadline that later calls can extend but never shorten.
     * **Backoff**: ``record_backoff()`` without a delay multiplies the current
@@ -53,8 +54,9 @@ class ThrottlingScopeManager:
       quiet ``window`` after the last trigger drops it one factor step, until
       the configured delay is back. Both kinds of trigger restart the
       countdown. Recovery is computed from ``now`` when asked, so it needs no
-      timer; :meth:`can_send` never answers a wait that ends after the next
-      recovery, so the gate re-asks then.
+      timer; :meth:`~slotkit.interfaces.IThrottlingScopeManager.can_send`
+      never answers a wait that ends after the next recovery, so the gate
+      re-asks then.
     """
 
     # A crawl may keep 100,000 of these: slots keep each one small.
