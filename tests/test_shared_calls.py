@@ -240,3 +240,27 @@ async def test_a_dropped_subscription_is_renewed_by_the_next_successful_call():
     await reserve_now(a, "http://s/1", [scope])
     assert a.backend._callbacks, "subscribed again by the call that found the store up"
     cluster.close()
+
+
+def test_the_twin_delivers_each_event_once_however_often_subscribed():
+    """The throttle subscribes again after every successful call, with a new bound-method
+    object each time: the twin (local mode) must not deliver an event once per call."""
+    from twisted.internet.task import Clock
+
+    from slotkit.shared.client import TwinBackend
+
+    class Listener:
+        def __init__(self) -> None:
+            self.got: list[str] = []
+
+        def on_event(self, message: str) -> None:
+            self.got.append(message)
+
+    store = TwinStore(Clock())
+    backend = TwinBackend(store)
+    listener = Listener()
+    for _ in range(3):
+        backend.subscribe("{t}:ev", listener.on_event)
+    store.publish("{t}:ev", "free\tc")
+    store.run(["{t}:w"], ["beat", "", "w", "5.0", "0"])  # delivers what was published
+    assert listener.got == ["free\tc"]

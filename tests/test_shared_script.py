@@ -179,11 +179,19 @@ def random_ops(seed: int, count: int = 300):
                 argv += [fmt(rng.choice([0.0, 0.4, 2.0])), fmt(units), fmt(window), "1", lease]
             leases.append((lease, chosen, [configs[name]["concurrency"] for name in chosen]))
             yield keys(*chosen), argv
-        elif rng.random() < 0.5:
-            yield [WORKERS], ["beat", fmt(now), worker, fmt(5.0), "0"]
         else:
-            # Back from a fallback: when does every worker go back to the store?
-            yield [WORKERS, NS + "r"], ["beat", fmt(now), worker, fmt(5.0), "0", fmt(600.0)]
+            last = rng.random()
+            if last < 0.35:
+                yield [WORKERS], ["beat", fmt(now), worker, fmt(5.0), "0"]
+            elif last < 0.6:
+                # Back from a fallback: when does every worker go back to the store?
+                yield [WORKERS, NS + "r"], ["beat", fmt(now), worker, fmt(5.0), "0", fmt(600.0)]
+            elif last < 0.85:
+                # Named for a free slot it no longer waits for: the next queued worker.
+                scope = rng.choice(sorted(configs))
+                yield keys(scope), ["release", fmt(now), worker, fmt(5.0), "0", "1", "2"]
+            else:
+                yield [WORKERS], ["leave", fmt(now), worker, fmt(5.0), "0"]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -777,3 +777,200 @@ def test_scope_manager_interface():
     assert manager.can_send(0.0) == 0.0
     manager.record_sent(0.0)
     assert manager.can_send(0.0) == math.inf
+
+
+# Found by a review of the queue of waiting workers (each fails without its fix).
+
+
+def release_of(cluster: Cluster, ticket) -> None:
+    """Release *ticket* from the worker whose lease it is."""
+    owner = ticket.lease.split(":")[0]
+    next(w for w in cluster.workers if w.throttle.worker_id == owner).throttle.release(ticket)
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_releases_close_together_wake_two_waiters():
+    """Two slots freed within one round trip wake two queued waiters, not one."""
+    cluster = Cluster(5)
+    h1, h2, h3, x, y = cluster.workers
+    cfg = {"concurrency": 2, "delay": 0.0}
+    a = cluster.fetch(h1, "http://c/a", [h1.scope("c", **cfg)])
+    await settle()
+    b = cluster.fetch(h2, "http://c/b", [h2.scope("c", **cfg)])  # takes the last slot: urgent
+    await settle()
+    c = cluster.fetch(h3, "http://c/c", [h3.scope("c", **cfg)])  # queued
+    await settle()
+    h1.throttle.release(a.result())  # lingers, then frees; h3 is named
+    await cluster.run_for(0.5)
+    assert c.done()
+    assert b.result().urgent
+    assert c.result().urgent
+    fx = cluster.fetch(x, "http://c/x", [x.scope("c", **cfg)])
+    await settle()
+    fy = cluster.fetch(y, "http://c/y", [y.scope("c", **cfg)])
+    await settle()
+    assert not fx.done()
+    assert not fy.done()
+    # Two downloads end within one round trip (before x's re-ask lands).
+    h2.throttle.release(b.result())
+    h3.throttle.release(c.result())
+    await settle()
+    await cluster.run_for(0.1)
+    assert fx.done()
+    assert fy.done(), "second freed slot left idle until y's full_poll"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_riding_releases_wake_two_waiters():
+    """Two releases riding on one call wake two queued waiters."""
+    cluster = Cluster(4)
+    h, g, x, y = cluster.workers
+    cfg = {"concurrency": 3, "delay": 0.0}
+    a1 = cluster.fetch(h, "http://c/h1", [h.scope("c", **cfg)])
+    await settle()
+    a2 = cluster.fetch(h, "http://c/h2", [h.scope("c", **cfg)])
+    await settle()
+    b = cluster.fetch(g, "http://c/g", [g.scope("c", **cfg)])
+    await settle()
+    assert a1.done()
+    assert a2.done()
+    assert b.done()
+    assert not a1.result().urgent
+    assert not a2.result().urgent
+    fx = cluster.fetch(x, "http://c/x", [x.scope("c", **cfg)])
+    await settle()
+    fy = cluster.fetch(y, "http://c/y", [y.scope("c", **cfg)])
+    await settle()
+    assert not fx.done()
+    assert not fy.done()
+    h.throttle.release(a1.result())
+    h.throttle.release(a2.result())  # both linger, then ride on one release call
+    await cluster.run_for(0.4)  # release_linger is 0.25
+    assert fx.done()
+    assert fy.done(), "second freed slot left idle until y's full_poll"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_closing_worker_does_not_swallow_a_freed_slot():
+    """A worker named while its crawl closes (no wait listening) hands the slot on."""
+    cluster = Cluster(3)
+    h, closing, alive = cluster.workers
+    cfg = {"concurrency": 1, "delay": 0.0}
+    t = cluster.fetch(h, "http://c/h", [h.scope("c", **cfg)])
+    await settle()
+    lost = cluster.fetch(closing, "http://c/closing", [closing.scope("c", **cfg)])
+    await settle()
+    waiting = cluster.fetch(alive, "http://c/alive", [alive.scope("c", **cfg)])
+    await settle()
+    closing.throttle.stop_waiting("the spider closed (finished)")  # _spider_closing
+    await settle()
+    assert lost.done()
+    await cluster.run_for(0.3)  # the closing worker's heartbeat keeps it live
+    h.throttle.release(t.result())
+    await settle()
+    await cluster.run_for(0.05)
+    assert waiting.done(), "freed slot named the closing worker; alive waits for full_poll"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_waiter_told_wait_does_not_keep_its_place():
+    """A queued worker told 'wait' (a hold beyond the horizon on its other scope)
+    leaves the queue."""
+    cluster = Cluster(5)
+    h, x, w, y, q = cluster.workers
+    c = {"concurrency": 1, "delay": 0.0}
+    qc = {"concurrency": 5, "delay": 0.0}
+    th = cluster.fetch(h, "http://c/h", [h.scope("c", **c)])
+    tq = cluster.fetch(q, "http://q/q", [q.scope("q", **qc)])
+    await settle()
+    fx = cluster.fetch(x, "http://c/x", [x.scope("c", **c)])
+    await settle()
+    fw = cluster.fetch(w, "http://cq/w", [w.scope("c", **c), w.scope("q", **qc)])
+    await settle()
+    assert not fx.done()
+    assert not fw.done()
+    assert cluster.store.hashes.get("{t}:s:c", {}).get("wq", "w1 w2") == "w1 w2"
+    # A 429 with Retry-After 40 s (beyond the 30 s horizon) on q, and h's download ends,
+    # in the same moment: w re-asks (woken by the hold) before x (named by the release).
+    token = current_pass.set(tq.result())
+    q.scopes["q"].manager.record_backoff(40.0, q.clock.seconds())
+    current_pass.reset(token)
+    h.throttle.release(th.result())
+    await settle()
+    assert fx.done()
+    assert not fw.done()
+    fy = cluster.fetch(y, "http://c/y", [y.scope("c", **c)])
+    await settle()
+    x.throttle.release(fx.result())  # names w, which sleeps 40 s on the hold only
+    await settle()
+    await cluster.run_for(0.05)
+    assert fy.done(), "freed slot named w (told 'wait'); y waits for its full_poll"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_queue_entry_left_from_before_an_outage_does_not_swallow_a_slot():
+    """A queue entry from before an outage (its request went through the fallback)
+    hands the slot on."""
+    cluster = Cluster(5)
+    w0, w1, w2, w3, w4 = cluster.workers
+    await cluster.run_for(1.1)  # N = 5
+    s = {"concurrency": 3, "delay": 0.0}
+    held = [
+        cluster.fetch(w, f"http://s/{i}", [w.scope("s", **s)]) for i, w in enumerate((w1, w2, w3))
+    ]
+    await settle()
+    assert all(f.done() for f in held)
+    f0 = cluster.fetch(w0, "http://s/w0", [w0.scope("s", **s)])
+    await settle()
+    f4 = cluster.fetch(w4, "http://s/w4", [w4.scope("s", **s)])
+    await settle()
+    for w in cluster.workers:
+        w.backend.down = True
+    await cluster.run_for(1.0)
+    assert all(w.throttle.mode == FALLBACK for w in cluster.workers)
+    assert f0.done(), "w0 (rank 0) has a fallback slot"
+    w0.throttle.release(f0.result())
+    for w in cluster.workers:
+        w.backend.down = False
+    await cluster.run_for(RESYNC + 0.5)
+    assert all(w.throttle.mode == SHARED for w in cluster.workers)
+    assert not f4.done()
+    # let w4 be mid-way between two polls
+    w3.throttle.release(held[2].result())  # urgent: goes at once
+    await settle()
+    await cluster.run_for(0.05)
+    assert f4.done(), "freed slot named w0 (not waiting); w4 waits for its full_poll"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lingering_release_does_not_hold_a_slot_while_a_worker_waits():
+    """A finished request's lease does not linger while workers queue for its scope."""
+    cluster = Cluster(5)
+    h, g, w1, w2, _ = cluster.workers
+    cfg = {"concurrency": 3, "delay": 0.0}
+    r1 = cluster.fetch(h, "http://c/h1", [h.scope("c", **cfg)])
+    await settle()
+    cluster.fetch(h, "http://c/h2", [h.scope("c", **cfg)])
+    await settle()
+    rg = cluster.fetch(g, "http://c/g", [g.scope("c", **cfg)])
+    await settle()
+    assert not r1.result().urgent
+    assert rg.result().urgent
+    f1 = cluster.fetch(w1, "http://c/w1", [w1.scope("c", **cfg)])
+    await settle()
+    f2 = cluster.fetch(w2, "http://c/w2", [w2.scope("c", **cfg)])
+    await settle()
+    await cluster.run_for(0.2)
+    h.throttle.release(r1.result())  # finished; lingers up to 0.25 s for a call to ride on
+    await cluster.run_for(0.02)
+    g.throttle.release(rg.result())  # urgent: at once
+    await settle()
+    await cluster.run_for(0.05)
+    assert f1.done()
+    assert f2.done(), "w2 waits for h's linger to run out"
+    cluster.close()

@@ -107,7 +107,9 @@ class TwinBackend:
                 callback(message)
 
     def subscribe(self, channel: str, callback: Callable[[str], object]) -> None:
-        if not any(wanted == channel and cb is callback for wanted, cb in self._callbacks):
+        # ==, not is: each access to a bound method makes a new object, and
+        # the throttle subscribes again after every successful call.
+        if not any(wanted == channel and cb == callback for wanted, cb in self._callbacks):
             self._callbacks.append((channel, callback))
 
     def close(self) -> None:

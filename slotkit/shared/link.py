@@ -92,6 +92,12 @@ class StoreLink:
         self.event_count = 0
         self.last_hold_event_at: float | None = None
         self.freed: dict[str, int] = {}
+        #: Acquires on their way to the store, per scope (a "free" naming
+        #: this worker meanwhile is for one of them).
+        self.asking: dict[str, int] = {}
+        #: When a worker last found each scope full ("need"): its releases
+        #: then go at once, since workers queue for the scope.
+        self._needed_at: dict[str, float] = {}
         self._beat_call: IDelayedCall | None = None
         self._resync_call: IDelayedCall | None = None
         #: In fallback, but the store answers: its requests are told to it as they go.
@@ -256,10 +262,24 @@ class StoreLink:
             self._releases.append((lease, f"{self.prefix}l:{scope_id}", str(manager.concurrency)))
         if self.mode != SHARED or self._closed:
             return  # sent after the re-sync, or with the leave call
-        if now:
+        # A release lingering for a call to ride on would keep a slot from
+        # the workers queued for it: only the first of them is woken, and
+        # its ask (which finds room) sends no "need" to hurry this one.
+        recent = self.clock.seconds() - self.options.full_poll
+        if now or any(self._needed_at.get(i, -math.inf) > recent for i in ticket.scope_ids):
             self._flush()
         elif self._flush_call is None:
             self._flush_call = self.clock.callLater(self.options.release_linger, self._flush)
+
+    def _hand_on(self, scope_id: str) -> None:
+        """Wake the next worker queued for *scope_id*: this one was named but does not wait.
+
+        (Its request was admitted another way, is waiting for a quota or a
+        hold, or the crawl is closing.) Releases waiting to ride go along.
+        """
+        if self.mode != SHARED or self._closed:
+            return
+        self._call(self._keys([scope_id]), "release", ["1", "2"]).addErrback(lambda _: None)
 
     def _flush(self) -> None:
         self._flush_call = None
@@ -440,8 +460,16 @@ class StoreLink:
             if extra and extra != self.worker_id:
                 return  # the slot goes to the worker that waited longest for it
             self.freed[scope_id] = self.event_count
+            if (
+                extra
+                and not self.asking.get(scope_id)
+                and not self.sleeps.listening("free", scope_id)
+            ):
+                self._hand_on(scope_id)  # nothing here waits for it any more
+                return
         if kind == "need":
             # Another worker found the scope full: give back what we keep for it.
+            self._needed_at[scope_id] = self.clock.seconds()
             wanted = f"{self.prefix}l:{scope_id}"
             if any(key == wanted for _, key, _ in self._releases):
                 self._flush()

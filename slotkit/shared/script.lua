@@ -20,7 +20,8 @@
 --            backoff factor, backoff min, backoff max, backoff window, jitter factor,
 --            rampup (1/0), rampup target (low end), rampup delay factor,
 --            rampup min delay, rampup window, min concurrency
---   release: (nothing but the releases)
+--   release: (the releases, and optionally) n scopes to hand a free slot on,
+--            then the KEYS index of each one's state hash
 --   backoff: key ttl, n scopes, then 16 per scope:
 --            hold seconds (< 0: a step instead), age of the request, delay,
 --            crawl delay, backoff factor, backoff min, backoff max, backoff window,
@@ -198,6 +199,17 @@ if op == 'beat' and ARGV[o + 1] then
     pexpire(KEYS[2], 3 * grace)
   end
   return {'ok', N, fmt(tonumber(stored) - now), stored}
+end
+
+-- A release may also name scopes (by the KEYS index of their state hash)
+-- whose free slot this worker was woken for but no longer waits for (its
+-- request went another way): the next worker queued for each is woken.
+if op == 'release' and ARGV[o + 1] then
+  for j = 1, tonumber(ARGV[o + 1]) do
+    local skey = KEYS[tonumber(ARGV[o + 1 + j])]
+    local who = first_waiter(skey, wid)
+    if who then redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who) end
+  end
 end
 
 if op == 'beat' or op == 'leave' or op == 'release' then
@@ -405,17 +417,16 @@ if op == 'acquire' then
       save(KEYS[2 * i], st, math.max(key_ttl, a.window))
     end
   end
-  -- A worker told "full" queues for every scope that is; one admitted leaves
-  -- the queues it was in. One not admitted (another of its scopes is full, or
-  -- a quota) passes a free slot on to that scope's next waiter: woken for the
-  -- slot, it could not use it.
+  -- A worker told "full" queues for every scope that is full; one admitted,
+  -- or told to wait (it then listens for holds only), leaves the queues it
+  -- was in. One not admitted passes a scope's free slot on to the next
+  -- waiter: woken for the slot, it could not use it.
   for i = 1, scopes do
     local skey = KEYS[2 * i]
-    if status == 'ok' then
-      leave_queue(skey, wid)
-    elseif args[i].active >= args[i].conc then
+    if status ~= 'full' then leave_queue(skey, wid) end
+    if args[i].active >= args[i].conc then
       if status == 'full' then enqueue(skey, wid, key_ttl) end
-    else
+    elseif status ~= 'ok' then
       local who = first_waiter(skey, wid)
       if who then redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who) end
     end

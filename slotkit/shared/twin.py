@@ -276,6 +276,13 @@ class TwinStore:
                 self._pexpire(resync_key, 3 * grace)
             return ["ok", count, fmt(float(stored) - now), stored]
 
+        if op == "release" and len(argv) > o + 1:
+            for j in range(int(argv[o + 1])):
+                skey = keys[int(argv[o + 2 + j]) - 1]
+                who = self._first_waiter(skey, workers, wid)
+                if who is not None:
+                    self.publish(channel, f"free\t{scope_of(skey)}\t{who}")
+
         if op in ("beat", "leave", "release"):
             return ["ok", count]
 
@@ -460,12 +467,12 @@ class TwinStore:
                 save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
         for i, a in enumerate(params):
             skey = keys[1 + 2 * i]
-            if status == "ok":
+            if status != "full":
                 self._leave_queue(skey, wid)
-            elif a["active"] >= a["conc"]:
+            if a["active"] >= a["conc"]:
                 if status == "full":
                     self._enqueue(skey, wid, key_ttl)
-            else:
+            elif status != "ok":
                 who = self._first_waiter(skey, keys[0], wid)
                 if who is not None:
                     self.publish(channel, f"free\t{scope_of(skey)}\t{who}")

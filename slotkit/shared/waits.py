@@ -71,6 +71,10 @@ class Sleeps:
             if kind in sleep.kinds and scope_id in sleep.scopes:
                 self.end(sleep, kind)
 
+    def listening(self, kind: str, scope_id: str) -> bool:
+        """Whether a wait would end on an event of *kind* for *scope_id*."""
+        return any(kind in sleep.kinds and scope_id in sleep.scopes for sleep in self._sleeps)
+
     def end_all(self, outcome: str | None) -> None:
         for sleep in list(self._sleeps):
             self.end(sleep, outcome)
