@@ -226,11 +226,15 @@ class ThrottlingManager:
     def delay_scope(self, scope: str, seconds: float) -> None:
         """Hold every request of *scope* for at least *seconds* from now.
 
-        Raises :class:`TypeError` for a scope that is not a ``str`` and
-        :class:`ValueError` for seconds that are not a finite number >= 0.
+        Raises :class:`TypeError` for a scope that is not a ``str`` or seconds
+        given as text, and :class:`ValueError` for seconds that are not a
+        finite number >= 0.
         """
         if not isinstance(scope, str):
             raise TypeError(f"delay_scope() needs a scope id (a str), got {scope!r}")
+        if isinstance(seconds, (str, bytes)):
+            # A number, as the signature says: "3" is more likely a bug upstream.
+            raise TypeError(f"delay_scope({scope!r}, {seconds!r}): seconds must be a number")
         held = finite_seconds(seconds)
         if held is None:
             raise ValueError(

@@ -559,3 +559,26 @@ def test_an_address_in_the_url_is_explained_as_the_ip_scope_the_crawl_uses(capsy
     assert any("looked up once" in note for note in data["notes"])
     plain = explain_json(capsys, "http://127.0.0.1:8124/x")
     assert limit(plain, "127.0.0.1", "concurrency")[0] == 8
+
+
+def test_inside_a_scrapy_project_its_settings_are_read(tmp_path, monkeypatch, capsys):
+    """Like ``scrapy`` commands, explain and migrate find the project (scrapy.cfg) on their
+    own; before, they showed Scrapy's defaults unless given --settings-module."""
+    package = tmp_path / "cliproject"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "settings.py").write_text(
+        'DOWNLOAD_SLOTS = {"example.com": {"concurrency": 2, "delay": 1.0}}\n'
+    )
+    (tmp_path / "scrapy.cfg").write_text("[settings]\ndefault = cliproject.settings\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        main(["explain", "http://example.com/", "--json"])
+    finally:
+        sys.modules.pop("cliproject.settings", None)
+        sys.modules.pop("cliproject", None)
+    scope = json.loads(capsys.readouterr().out)["scopes"][0]
+    assert scope["limits"]["concurrency"]["value"] == 2
+    assert "project settings" in scope["limits"]["concurrency"]["source"]

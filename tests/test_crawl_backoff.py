@@ -423,6 +423,7 @@ async def test_shared_backoff_counts_a_request_by_when_it_left(mock_site: MockSi
     settings = {
         **SLOTKIT,
         "THROTTLING_REDIS_URL": "local",
+        "THROTTLING_REDIS_NAMESPACE": "backoff-left-at",
         "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
         "DOWNLOAD_DELAY": 0.1,
         "BACKOFF_MIN_DELAY": 0.2,
@@ -433,3 +434,20 @@ async def test_shared_backoff_counts_a_request_by_when_it_left(mock_site: MockSi
     # as in one process without the store.
     assert result.stats["throttling/backoff/steps"] == 3
     assert "throttling/backoff/deduplicated" not in result.stats
+
+
+@pytest_twisted.ensureDeferred
+async def test_shared_waits_are_in_the_wait_stats(mock_site: MockSite) -> None:
+    """A request held for its reservation in the store waited: the wait stats say so."""
+    settings = {
+        **SLOTKIT,
+        "THROTTLING_REDIS_URL": "local",
+        # The local store lives as long as the reactor: a namespace of its own.
+        "THROTTLING_REDIS_NAMESPACE": "wait-stats",
+        "DOWNLOAD_DELAY": 0.2,
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4))
+    assert sorted(r.status for r in result.responses) == [200] * 4
+    # The first goes at once; the three others wait their turn (0.2 s apart).
+    assert result.stats["throttling/requests_delayed"] == 3
+    assert result.stats["throttling/wait_time_max"] >= 0.4

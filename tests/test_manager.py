@@ -466,7 +466,8 @@ def test_delay_scope_forwards_to_the_controller(crawler):
         ("a.example", -1, ValueError),
         ("a.example", float("nan"), ValueError),
         ("a.example", float("inf"), ValueError),
-        ("a.example", "abc", ValueError),
+        ("a.example", "abc", TypeError),
+        ("a.example", "3", TypeError),  # a docs probe: text was taken as seconds
         ("a.example", True, ValueError),
     ],
 )

@@ -99,11 +99,18 @@ def _setting_warnings(names: Sequence[str]) -> list[str]:
 def build_settings(
     settings_module: str | None = None, overrides: Sequence[tuple[str, Any]] = ()
 ) -> Settings:
-    """Scrapy's defaults, then *settings_module* (project priority), then *overrides* (cmdline)."""
+    """Scrapy's defaults, then the project's (*settings_module*, or the Scrapy project
+    found as ``scrapy`` commands find it), then *overrides* (cmdline)."""
     from scrapy.settings import Settings
+    from scrapy.utils.conf import closest_scrapy_cfg
 
     settings = Settings()
-    if settings_module:
+    if not settings_module and (os.environ.get("SCRAPY_SETTINGS_MODULE") or closest_scrapy_cfg()):
+        # Inside a Scrapy project: read its settings, as "scrapy crawl" would.
+        from scrapy.utils.project import get_project_settings
+
+        settings = get_project_settings()
+    elif settings_module:
         # Import like Scrapy does for a project: from the current directory.
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())

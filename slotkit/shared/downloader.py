@@ -181,9 +181,11 @@ class SharedDownloader(Downloader):
     async def _acquire(
         self, request: Request, scopes: list[Scope], amounts: list[float | None], delay: float
     ) -> Waiter:
+        entered = self._clock.seconds()
         ticket = await super()._acquire(request, scopes, amounts, delay)
         if self.shared is None:
             return ticket
+        admitted = self._clock.seconds()
         try:
             shared_pass = await self.shared.reserve(request, scopes, amounts)
         except BaseException:
@@ -192,7 +194,13 @@ class SharedDownloader(Downloader):
         self._passes[ticket] = shared_pass
         # The reservation may have waited: backoff's "sent before the step?"
         # must see when the request really left.
-        ticket.left_at = self._clock.seconds()
+        ticket.left_at = now = self._clock.seconds()
+        # The wait stats cover the whole wait, the store's part included.
+        if ticket.enqueued_at > 0:  # the local gate counted this request already
+            self.stats.inc("wait_time_total", now - admitted)
+            self.stats.max("wait_time_max", now - entered)
+        elif shared_pass.waited:
+            self.stats.waited(now - entered)
         return ticket
 
     async def _transfer(self, request: Request, ticket: Waiter) -> tuple[Response, bool]:

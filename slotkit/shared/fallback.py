@@ -57,6 +57,7 @@ class LocalFallback:
         waiter = self.gate.try_acquire(request, scopes, ticket.amounts)
         if waiter is None:
             waiting = self.gate.acquire(request, scopes, ticket.amounts, request.priority)
+            ticket.waited = True
             self.waits[waiting] = False
             try:
                 waiter = await maybe_deferred_to_future(waiting)

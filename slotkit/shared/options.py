@@ -72,3 +72,5 @@ class Pass:
     urgent: bool = False
     #: A fallback request the store has been told of (see StoreLink._adopt).
     adopted: bool = False
+    #: It waited in the shared layer (its reserved time, a full scope, a quota).
+    waited: bool = False

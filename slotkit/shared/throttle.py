@@ -126,6 +126,7 @@ class SharedThrottle(StoreLink):
                     manager.note_hold(now + float(hold))
             if status == "ok":
                 if wait > 0:
+                    ticket.waited = True
                     due = now + wait + o.hold_guard
                     # A hold, or a backoff step, published meanwhile: the
                     # reserved time no longer holds.
@@ -154,6 +155,7 @@ class SharedThrottle(StoreLink):
             self.reasks += 1
             if status == "full" and any(self.freed.get(i, -1) > seen for i in ticket.scope_ids):
                 continue  # a slot was freed while the reply was on its way: ask again now
+            ticket.waited = True
             kinds = ("free", "hold") if status == "full" else ("hold",)
             wait = min(wait, o.full_poll) if status == "full" else wait
             sleep = self.sleeps.sleep(wait, ticket.scope_ids, kinds)
