@@ -1,9 +1,10 @@
 """The pure-Python twin of ``script.lua``.
 
-:class:`TwinStore` keeps the few Redis structures the script touches (hashes,
-sorted sets, expiries, a publish channel) in dicts and runs the same
-operations with the same arithmetic: numbers go through the same
-``'%.6f'`` text on their way into storage, so the twin and the script give
+:class:`TwinStore` runs the script's operations on the few Redis structures
+it touches (hashes, sorted sets, expiries, a publish channel; kept in dicts
+by :class:`~slotkit.shared.twin_keys.TwinKeys`) with the same arithmetic:
+numbers go through the same ``'%.6f'`` text on their way into storage, so
+the twin and the script give
 byte-identical replies for the same inputs (``tests/test_shared_script.py``
 checks that on random sequences against a real ``redis-server``).
 
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from slotkit.rampup import lowered_delay
+from slotkit.shared.twin_keys import TwinKeys
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
@@ -71,111 +73,13 @@ class _State:
     rs: float
 
 
-class TwinStore:
+class TwinStore(TwinKeys):
     """An in-memory stand-in for the Redis server, running the script's operations."""
 
     def __init__(self, clock: IReactorTime) -> None:
-        self._clock = clock
-        #: The store's clock (what ``TIME`` reads).
-        self.clock = clock
-        self.hashes: dict[str, dict[str, str]] = {}
-        self.zsets: dict[str, dict[str, float]] = {}
-        #: Key -> the clock time it expires at.
-        self.expiry: dict[str, float] = {}
-        self.subscribers: list[Callable[[str, str], object]] = []
+        super().__init__(clock)
         #: How many script runs the store has served (what "Redis calls" counts).
         self.calls = 0
-        self._outbox: list[tuple[str, str]] = []
-
-    # The few Redis primitives, with lazy expiry
-
-    def _live(self, key: str) -> None:
-        expires = self.expiry.get(key)
-        if expires is not None and self._clock.seconds() >= expires:
-            self.hashes.pop(key, None)
-            self.zsets.pop(key, None)
-            del self.expiry[key]
-
-    def _zset(self, key: str) -> dict[str, float]:
-        self._live(key)
-        return self.zsets.setdefault(key, {})
-
-    def _pexpire(self, key: str, seconds: float) -> None:
-        millis = max(1, math.ceil(seconds * 1000))
-        if key in self.hashes or self.zsets.get(key):
-            self.expiry[key] = self._clock.seconds() + millis / 1000
-
-    def _zremrange(self, key: str, upto: str) -> None:
-        limit = float(upto)
-        zset = self._zset(key)
-        for member in [m for m, score in zset.items() if score <= limit]:
-            del zset[member]
-        if not zset:
-            self.zsets.pop(key, None)
-
-    def _zadd(self, key: str, score: str, member: str) -> None:
-        self._zset(key)[member] = float(score)
-
-    # The queue of workers waiting for a full scope (the 'wq' field of its state)
-
-    def _set_queue(self, skey: str, ids: list[str]) -> None:
-        fields = self.hashes.get(skey, {})
-        if ids:
-            fields["wq"] = " ".join(ids)
-            return
-        fields.pop("wq", None)
-        if not fields:  # like Redis, a hash left without fields is gone
-            self.hashes.pop(skey, None)
-            self.expiry.pop(skey, None)
-
-    def _enqueue(self, skey: str, member: str, ttl: float) -> None:
-        self._live(skey)
-        queue = self.hashes.get(skey, {}).get("wq")
-        if queue is None:
-            self.hashes.setdefault(skey, {})["wq"] = member
-            if skey not in self.expiry:
-                self._pexpire(skey, ttl)
-        elif member not in queue.split():
-            self._set_queue(skey, [*queue.split(), member])
-
-    def _leave_queue(self, skey: str, member: str) -> None:
-        self._live(skey)
-        queue = self.hashes.get(skey, {}).get("wq")
-        if queue is not None:
-            self._set_queue(skey, [other for other in queue.split() if other != member])
-
-    def _first_waiter(self, skey: str, workers: str, skip: str | None) -> str | None:
-        self._live(skey)
-        queue = self.hashes.get(skey, {}).get("wq")
-        if queue is None:
-            return None
-        live = self._zset(workers)
-        who, rest = None, []
-        for other in queue.split():
-            if who is not None or other == skip:
-                rest.append(other)
-            elif other in live:
-                who = other
-        self._set_queue(skey, rest)
-        return who
-
-    def ttl(self, key: str) -> float | None:
-        """Seconds until *key* expires; ``None`` if it does not exist or never expires."""
-        self._live(key)
-        expires = self.expiry.get(key)
-        if expires is None or (key not in self.hashes and not self.zsets.get(key)):
-            return None
-        return expires - self._clock.seconds()
-
-    def publish(self, channel: str, message: str) -> None:
-        # Like Redis, deliver after the script has run (never from inside it).
-        self._outbox.append((channel, message))
-
-    def _deliver(self) -> None:
-        while self._outbox:
-            channel, message = self._outbox.pop(0)
-            for subscriber in list(self.subscribers):
-                subscriber(channel, message)
 
     # The script
 
