@@ -4,9 +4,9 @@
 it touches (hashes, sorted sets, expiries, a publish channel; kept in dicts
 by :class:`~slotkit.shared.twin_keys.TwinKeys`) with the same arithmetic:
 numbers go through the same ``'%.6f'`` text on their way into storage, so
-the twin and the script give
-byte-identical replies for the same inputs (``tests/test_shared_script.py``
-checks that on random sequences against a real ``redis-server``).
+the twin and the script give byte-identical replies for the same inputs
+(``tests/test_shared_script.py`` checks that on random sequences against a
+real ``redis-server``).
 
 It serves two purposes: the unit tests, on a
 :class:`twisted.internet.task.Clock`, and the ``local`` mode, where several
