@@ -321,3 +321,43 @@ def test_a_quota_counts_in_the_window_its_request_goes_in(client, store):
     assert [r[0] for r in replies] == ["ok", "ok", "ok", "wait"]
     assert float(replies[1][2]) == pytest.approx(3.9)
     assert float(replies[3][2]) == pytest.approx(20.0 - 10.6)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_slot_freed_for_a_named_worker_is_held_for_it(client, store):
+    """The worker that releases a slot asks again a round trip before the worker the
+    release named (probe: one worker took every slot of a scope of 1, 40 to 0). The named
+    worker's claim holds the slot against other asks for a moment, then lapses."""
+    run = store_runner(client, store)
+    c = {"delay": 0.0, "concurrency": 1}
+    t = 1_700_000_000.0
+    assert run(keys("c"), acquire_argv(t, "h", "h1", [c]))[0] == "ok"
+    assert run(keys("c"), acquire_argv(t + 0.01, "w", "w1", [c]))[0] == "full"  # w queues
+    run(keys("c"), release_argv(t + 0.02, "h", "h1", [1]))  # names w
+    assert run(keys("c"), acquire_argv(t + 0.03, "h", "h2", [c]))[0] == "full"
+    assert run(keys("c"), acquire_argv(t + 0.04, "w", "w2", [c]))[0] == "ok"
+    run(keys("c"), release_argv(t + 0.05, "w", "w2", [1]))  # names h, which stays silent
+    assert run(keys("c"), acquire_argv(t + 0.06, "w", "w3", [c]))[0] == "full"
+    # The claim lapses after half a second: the slot is anyone's again.
+    assert run(keys("c"), acquire_argv(t + 0.6, "w", "w4", [c]))[0] == "ok"
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_backoff_recovery_brings_the_next_slot_back_in(client, store):
+    """A probe saw the backed-off pace last 2-3 times BACKOFF_WINDOW: reservations made
+    at the stepped interval kept the next slot far out after the backoff recovered."""
+    run = store_runner(client, store)
+    s = {"delay": 0.1, "concurrency": 10, "bwin": 1.0}
+    t = 1_700_000_000.0
+    assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
+    run(keys("s"), backoff_argv(t + 0.01, "w", -1.0, 0.0, delay=0.1, bwin=1.0))  # 0.1 -> 1 s
+    assert float(run(keys("s"), acquire_argv(t + 0.02, "w", "l2", [s]))[2]) == pytest.approx(0.98)
+    # The next backed-off slot (t + 2.0) is past the step down at t + 1.01: not
+    # reserved at that pace; the worker asks again once the backoff stepped down.
+    reply = run(keys("s"), acquire_argv(t + 0.03, "w", "l3", [s]))
+    assert reply[0] == "wait"
+    assert float(reply[2]) == pytest.approx(0.98)
+    # Then: 0.1 s after the last reserved slot (t + 1.0), not the backed-off 1 s.
+    reply = run(keys("s"), acquire_argv(t + 1.02, "w", "l4", [s]))
+    assert reply[0] == "ok"
+    assert float(reply[2]) == pytest.approx(1.1 - 1.02)

@@ -156,6 +156,77 @@ local function first_waiter(skey, skip)
   return who
 end
 
+-- A worker named for a freed slot holds a claim on it for CLAIM seconds (the
+-- 'nm' field: id and end, space separated): a request asking meanwhile (often
+-- the releasing worker's next one, a round trip ahead of the named worker's
+-- ask) finds the slot taken instead of taking it, so the queue's order holds.
+local CLAIM = 0.5
+
+-- The claims still in force, as {id, end, id, end, ...}; whether any lapsed.
+local function read_claims(skey)
+  local raw = redis.call('HGET', skey, 'nm')
+  local list, lapsed = {}, false
+  if raw then
+    local id = nil
+    for word in string.gmatch(raw, '%S+') do
+      if not id then
+        id = word
+      else
+        if tonumber(word) > now and redis.call('ZSCORE', workers, id) then
+          list[#list + 1] = id
+          list[#list + 1] = word
+        else
+          lapsed = true
+        end
+        id = nil
+      end
+    end
+  end
+  return list, lapsed
+end
+
+local function write_claims(skey, list)
+  if #list == 0 then
+    redis.call('HDEL', skey, 'nm')
+  else
+    redis.call('HSET', skey, 'nm', table.concat(list, ' '))
+  end
+end
+
+-- Slots of the scope claimed by workers other than *id*.
+local function claimed(skey, id)
+  local list = read_claims(skey)
+  local count = 0
+  for j = 1, #list, 2 do
+    if list[j] ~= id then count = count + 1 end
+  end
+  return count
+end
+
+-- *id* asked: its claims (and lapsed ones) are gone.
+local function drop_claims(skey, id)
+  local list, changed = read_claims(skey)
+  local kept = {}
+  for j = 1, #list, 2 do
+    if list[j] == id then
+      changed = true
+    else
+      kept[#kept + 1] = list[j]
+      kept[#kept + 1] = list[j + 1]
+    end
+  end
+  if changed then write_claims(skey, kept) end
+end
+
+-- Wake *who* for a free slot of the scope, and claim the slot for it.
+local function name(skey, who)
+  local list = read_claims(skey)
+  list[#list + 1] = who
+  list[#list + 1] = fmt(now + CLAIM)
+  write_claims(skey, list)
+  redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who)
+end
+
 -- 2. Leases given back (piggy-backed on this call). A release is published to
 -- the worker that waited longest for its scope, which asks again at once; to
 -- every worker if nobody is queued but the scope was full.
@@ -170,7 +241,7 @@ for r = 1, nrel do
     local message = 'free\t' .. string.sub(lkey, string.len(prefix) + 3)
     local who = first_waiter(skey, nil)
     if who then
-      redis.call('PUBLISH', channel, message .. '\t' .. who)
+      name(skey, who)
     else
       -- Nobody queued: tell everyone if the scope was full (rampup may hold
       -- it below the configured concurrency the release carries).
@@ -207,8 +278,9 @@ end
 if op == 'release' and ARGV[o + 1] then
   for j = 1, tonumber(ARGV[o + 1]) do
     local skey = KEYS[tonumber(ARGV[o + 1 + j])]
+    drop_claims(skey, wid)
     local who = first_waiter(skey, wid)
-    if who then redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who) end
+    if who then name(skey, who) end
   end
 end
 
@@ -244,6 +316,7 @@ end
 -- quiet window; a step below the first backoff step or the base delay ends it.
 -- rec == 0 means "never recovers" (backoff window 0).
 local function settle(st, base, factor, floor, window)
+  local before = math.max(base, st.bo)
   while st.bo > 0 and st.rec > 0 and now >= st.rec do
     local lower = st.bo / factor
     if lower < floor or lower <= base then
@@ -254,6 +327,9 @@ local function settle(st, base, factor, floor, window)
       st.rec = st.rec + window
     end
   end
+  -- The next slot comes back in by what the interval shrank: it was set a
+  -- backed-off interval after the last reserved one.
+  st.tat = st.tat - (before - math.max(base, st.bo))
 end
 
 -- Shared rampup: at the end of each window with fewer triggers than the
@@ -357,12 +433,19 @@ if op == 'acquire' then
     settle(st, a.base, a.factor, a.bmin, a.bwin)
     a.interval = math.max(a.base, st.bo)
     redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now))
-    local active = redis.call('ZCARD', lkey)
+    local held = redis.call('ZCARD', lkey)
+    -- Slots claimed for other workers woken for them count as taken.
+    local claims = claimed(skey, wid)
+    local active = held + claims
     a.active = active
     if active >= a.conc then
       full = true
-      local first = redis.call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
-      local retry = tonumber(first[2]) - now
+      local retry = CLAIM
+      if held > 0 then
+        local first = redis.call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
+        retry = tonumber(first[2]) - now
+        if claims > 0 and CLAIM < retry then retry = CLAIM end
+      end
       if retry < full_retry then full_retry = retry end
       -- Workers keeping a finished lease for a moment give it back now.
       redis.call('PUBLISH', channel, 'need\t' .. scope_of(lkey))
@@ -389,6 +472,16 @@ if op == 'acquire' then
       end
     end
   end
+  -- A slot beyond the moment a scope's backoff steps down is not reserved:
+  -- asked for again then, it comes at the lower interval (reservations made
+  -- at the backed-off pace would otherwise keep it for seconds longer).
+  local recovery_wait = 0
+  for i = 1, scopes do
+    local st = states[i]
+    if st.bo > 0 and st.rec > now and ready > st.rec then
+      if st.rec - now > recovery_wait then recovery_wait = st.rec - now end
+    end
+  end
   local wait = ready - now
   local status = 'ok'
   if full then
@@ -397,6 +490,9 @@ if op == 'acquire' then
   elseif quota_wait > 0 then
     status = 'wait'
     wait = math.max(wait, quota_wait)
+  elseif recovery_wait > 0 then
+    status = 'wait'
+    wait = recovery_wait
   elseif wait > horizon then
     status = 'wait'
   end
@@ -423,12 +519,13 @@ if op == 'acquire' then
   -- waiter: woken for the slot, it could not use it.
   for i = 1, scopes do
     local skey = KEYS[2 * i]
+    drop_claims(skey, wid)
     if status ~= 'full' then leave_queue(skey, wid) end
     if args[i].active >= args[i].conc then
       if status == 'full' then enqueue(skey, wid, key_ttl) end
     elseif status ~= 'ok' then
       local who = first_waiter(skey, wid)
-      if who then redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who) end
+      if who then name(skey, who) end
     end
   end
   -- Per scope: the hold left, and the slots still free after this call.

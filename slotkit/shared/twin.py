@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from slotkit.rampup import lowered_delay
-from slotkit.shared.twin_keys import TwinKeys
+from slotkit.shared.twin_keys import CLAIM, TwinKeys
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
@@ -123,6 +123,7 @@ class TwinStore(TwinKeys):
             self._pexpire(key, keep)
 
         def settle(state: _State, base: float, factor: float, floor: float, window: float) -> None:
+            before = max(base, state.bo)
             while state.bo > 0 and state.rec > 0 and now >= state.rec:
                 lower = state.bo / factor
                 if lower < floor or lower <= base:
@@ -131,6 +132,8 @@ class TwinStore(TwinKeys):
                 else:
                     state.bo = lower
                     state.rec = state.rec + window
+            # The next slot comes back in by what the interval shrank (see the script).
+            state.tat = state.tat - (before - max(base, state.bo))
 
         # 1. Heartbeat.
         self._zremrange(workers, fmt(now))
@@ -159,7 +162,7 @@ class TwinStore(TwinKeys):
                 message = "free\t" + scope_of(lkey)
                 who = self._first_waiter(skey, workers, None)
                 if who is not None:
-                    self.publish(channel, f"{message}\t{who}")
+                    self._name(skey, who, workers, now, message)
                 else:
                     limit = float(argv[b + 3])
                     self._live(skey)
@@ -183,9 +186,10 @@ class TwinStore(TwinKeys):
         if op == "release" and len(argv) > o + 1:
             for j in range(int(argv[o + 1])):
                 skey = keys[int(argv[o + 2 + j]) - 1]
+                self._drop_claims(skey, wid, workers, now)
                 who = self._first_waiter(skey, workers, wid)
                 if who is not None:
-                    self.publish(channel, f"free\t{scope_of(skey)}\t{who}")
+                    self._name(skey, who, workers, now, "free\t" + scope_of(skey))
 
         if op in ("beat", "leave", "release"):
             return ["ok", count]
@@ -327,10 +331,16 @@ class TwinStore(TwinKeys):
             a["interval"] = max(a["base"], st.bo)
             self._zremrange(lkey, fmt(now))
             leases = self._zset(lkey)
-            a["active"] = len(leases)
-            if len(leases) >= a["conc"]:
+            claims = self._claimed(skey, wid, keys[0], now)  # slots held for named workers
+            a["active"] = len(leases) + claims
+            if a["active"] >= a["conc"]:
                 full = True
-                full_retry = min(full_retry, min(leases.values()) - now)
+                retry = CLAIM
+                if leases:
+                    retry = min(leases.values()) - now
+                    if claims > 0 and retry > CLAIM:
+                        retry = CLAIM
+                full_retry = min(full_retry, retry)
                 self.publish(channel, "need\t" + scope_of(lkey))
             ready = max(ready, st.tat, st.hold)
             states.append(st)
@@ -344,6 +354,11 @@ class TwinStore(TwinKeys):
                     st.qu = 0.0
                 if st.qu > 0 and st.qu + a["amount"] - a["quota"] > 1e-9:
                     quota_wait = max(quota_wait, (st.qw + 1) * a["window"] - now)
+        # No slot beyond a scope's next backoff step down (see the script).
+        recovery_wait = 0.0
+        for st in states:
+            if st.bo > 0 and st.rec > now and ready > st.rec:
+                recovery_wait = max(recovery_wait, st.rec - now)
         wait = ready - now
         status = "ok"
         if full:
@@ -352,6 +367,9 @@ class TwinStore(TwinKeys):
         elif quota_wait > 0:
             status = "wait"
             wait = max(wait, quota_wait)
+        elif recovery_wait > 0:
+            status = "wait"
+            wait = recovery_wait
         elif wait > horizon:
             status = "wait"
         taken = 0
@@ -371,6 +389,7 @@ class TwinStore(TwinKeys):
                 save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
         for i, a in enumerate(params):
             skey = keys[1 + 2 * i]
+            self._drop_claims(skey, wid, keys[0], now)
             if status != "full":
                 self._leave_queue(skey, wid)
             if a["active"] >= a["conc"]:
@@ -379,7 +398,7 @@ class TwinStore(TwinKeys):
             elif status != "ok":
                 who = self._first_waiter(skey, keys[0], wid)
                 if who is not None:
-                    self.publish(channel, f"free\t{scope_of(skey)}\t{who}")
+                    self._name(skey, who, keys[0], now, "free\t" + scope_of(skey))
         reply = [status, count, fmt(wait)]
         for st, a in zip(states, params, strict=True):
             reply += [fmt(max(0.0, st.hold - now)), str(int(a["conc"] - a["active"] - taken))]

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["TwinKeys"]
+__all__ = ["CLAIM", "TwinKeys"]
+
+#: Seconds a worker named for a freed slot holds it against others' asks.
+CLAIM = 0.5
 
 
 class TwinKeys:
@@ -104,6 +107,55 @@ class TwinKeys:
                 who = other
         self._set_queue(skey, rest)
         return who
+
+    # Claims of workers named for a freed slot (the 'nm' field: id and end)
+
+    def _read_claims(
+        self, skey: str, workers: str, now: float
+    ) -> tuple[list[tuple[str, str]], bool]:
+        self._live(skey)
+        raw = self.hashes.get(skey, {}).get("nm")
+        claims: list[tuple[str, str]] = []
+        lapsed = False
+        if raw is not None:
+            words = raw.split()
+            live = self._zset(workers)
+            for who, end in zip(words[::2], words[1::2], strict=True):
+                if float(end) > now and who in live:
+                    claims.append((who, end))
+                else:
+                    lapsed = True
+        return claims, lapsed
+
+    def _write_claims(self, skey: str, claims: list[tuple[str, str]]) -> None:
+        if claims:
+            self.hashes.setdefault(skey, {})["nm"] = " ".join(f"{w} {e}" for w, e in claims)
+            return
+        fields = self.hashes.get(skey, {})
+        fields.pop("nm", None)
+        if not fields:  # like Redis, a hash left without fields is gone
+            self.hashes.pop(skey, None)
+            self.expiry.pop(skey, None)
+
+    def _claimed(self, skey: str, member: str, workers: str, now: float) -> int:
+        claims, _ = self._read_claims(skey, workers, now)
+        return sum(1 for who, _ in claims if who != member)
+
+    def _drop_claims(self, skey: str, member: str, workers: str, now: float) -> None:
+        claims, changed = self._read_claims(skey, workers, now)
+        kept = [(who, end) for who, end in claims if who != member]
+        if changed or len(kept) != len(claims):
+            self._write_claims(skey, kept)
+
+    def _name(self, skey: str, member: str, workers: str, now: float, message: str) -> None:
+        """Wake *member* for a free slot (*message* names the scope) and claim it for it."""
+        claims, _ = self._read_claims(skey, workers, now)
+        self._write_claims(skey, [*claims, (member, f"{now + CLAIM:.6f}")])
+        self.publish(self.channel_of(workers), f"{message}\t{member}")
+
+    @staticmethod
+    def channel_of(workers: str) -> str:
+        return workers[:-1] + "ev"
 
     def ttl(self, key: str) -> float | None:
         """Seconds until *key* expires; ``None`` if it does not exist or never expires."""
