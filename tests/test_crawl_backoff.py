@@ -434,6 +434,7 @@ async def test_shared_backoff_counts_a_request_by_when_it_left(mock_site: MockSi
     # as in one process without the store.
     assert result.stats["throttling/backoff/steps"] == 3
     assert "throttling/backoff/deduplicated" not in result.stats
+    assert result.stats["throttling/shared/backoff/step"] == 3
 
 
 @pytest_twisted.ensureDeferred

@@ -310,6 +310,9 @@ async def test_backoff_steps_are_deduplicated_across_workers():
         await cluster.run_for(0.01)
     state = cluster.store.hashes["{t}:s:s"]
     assert float(state["bo"]) == 2.0  # one step: max(1, 1 * 2), not 4
+    # What the store made of each trigger, for the crawl stats.
+    assert a.throttle.backoff_outcomes == {"step": 1}
+    assert b.throttle.backoff_outcomes == {"dup": 1}
     cluster.close()
 
 

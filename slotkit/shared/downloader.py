@@ -268,4 +268,5 @@ class SharedDownloader(Downloader):
             "commands": getattr(getattr(shared.backend, "stats", None), "commands", 0),
             "latencies": shared.latencies,
             "sent_at": list(getattr(getattr(shared.backend, "stats", None), "sent_at", [])),
+            **{f"backoff/{k}": v for k, v in shared.backoff_outcomes.items()},
         }

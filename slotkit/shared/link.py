@@ -95,6 +95,8 @@ class StoreLink:
         #: Acquires on their way to the store, per scope (a "free" naming
         #: this worker meanwhile is for one of them).
         self.asking: dict[str, int] = {}
+        #: What the store made of this worker's backoff triggers, by outcome.
+        self.backoff_outcomes: dict[str, int] = {}
         #: When a worker last found each scope full ("need"): its releases
         #: then go at once, since workers queue for the scope.
         self._needed_at: dict[str, float] = {}
@@ -482,4 +484,12 @@ class StoreLink:
         args = [fmt(self.options.key_ttl), str(len(ids))]
         for manager in managers:
             args += manager.backoff_args(hold, age)
-        self._call(self._keys(ids), "backoff", args).addErrback(lambda _: None)
+        d = self._call(self._keys(ids), "backoff", args)
+        d.addCallback(self._count_backoff_outcomes)
+        d.addErrback(lambda _: None)
+
+    def _count_backoff_outcomes(self, reply: list[str]) -> None:
+        # Per scope: "step", "dup" (part of the burst a step answered), "ramp"
+        # (within rampup's target) or "held" (a hold); then the backoff delay.
+        for outcome in reply[2::2]:
+            self.backoff_outcomes[outcome] = self.backoff_outcomes.get(outcome, 0) + 1
