@@ -17,7 +17,8 @@ Scenarios (each in fresh processes, against a fresh ``redis-server`` on 127.0.0.
               for that worker only, offsets its reactor's time before the crawl starts).
 ``conc``      one host, shared concurrency 2, no delay, 50 ms responses: the server counts
               how often more than 2 requests of the host were in progress (violations).
-``retry``     the server answers one request with 429 + ``Retry-After: 3``; reports each
+``retry``     once every worker crawls, the server answers one request with 429 +
+              ``Retry-After: 3``; reports each
               worker's first request after it, when the hold reached Redis, and for any
               early arrival when it left its worker.
 ``kill``      ``redis-server`` is killed mid-crawl and restarted (empty) 3 s later: every
@@ -205,7 +206,7 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
         recorder.latency = 0.05
     if scenario == "retry":
         recorder.retry_after = 3.0
-        settings["CLOSESPIDER_TIMEOUT"] = duration + 4
+        settings["CLOSESPIDER_TIMEOUT"] = duration + 8
     if scenario in ("kill", "freeze"):
         # A fixed number of requests, no time limit: every one must get its response.
         requests = int(duration * len(hosts) / args.delay / n)
@@ -240,7 +241,17 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         )
     if scenario == "retry":
-        recorder.retry_at = started + 4.0
+        # The 429 once every worker crawls (and listens for the hold), a second
+        # in: with 8 workers on 2 CPUs the last one starts ~8 s after the first.
+        def arm() -> None:
+            deadline = started + 60.0
+            while len({w for _, _, w, _ in list(recorder.arrivals)}) < n:
+                if time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            recorder.retry_at = time.time() + 1.0
+
+        threading.Thread(target=arm, daemon=True).start()
     outage: dict[str, float] = {}
     if scenario in ("kill", "freeze"):
         # Break the store once every worker is crawling, two seconds in; bring
