@@ -361,3 +361,52 @@ def test_backoff_recovery_brings_the_next_slot_back_in(client, store):
     reply = run(keys("s"), acquire_argv(t + 1.02, "w", "l4", [s]))
     assert reply[0] == "ok"
     assert float(reply[2]) == pytest.approx(1.1 - 1.02)
+
+
+def _four_reserved(run, s, t):
+    """w0 goes at t; w1..w3 reserve t + 0.5, t + 1.0, t + 1.5 (delay 0.5)."""
+    waits = [float(run(keys("s"), acquire_argv(t, f"w{i}", f"l{i}", [s]))[2]) for i in range(4)]
+    assert waits == pytest.approx([0.0, 0.5, 1.0, 1.5])
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_hold_brings_the_next_slot_to_its_end(client, store):
+    """The workers give back their reservations on a hold: the slots they held are not
+    kept, so the next request goes when the hold ends (a review: 1 s later per three)."""
+    run = store_runner(client, store)
+    s = {"delay": 0.5, "concurrency": 10}
+    t = 1_700_000_000.0
+    _four_reserved(run, s, t)
+    run(keys("s"), backoff_argv(t + 0.1, "w0", 1.0, 0.0, delay=0.5))  # Retry-After: 1
+    assert float(run(keys("s"), acquire_argv(t + 0.2, "w1", "l1b", [s]))[2]) == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_step_puts_the_next_slot_one_new_interval_from_now_at_most(client, store):
+    """After a step the workers ask again; the next slot is the new interval (1 s) from
+    the step, not after the three given back (t + 2.5, as a review measured)."""
+    run = store_runner(client, store)
+    s = {"delay": 0.5, "concurrency": 10}
+    t = 1_700_000_000.0
+    _four_reserved(run, s, t)
+    run(keys("s"), backoff_argv(t + 0.1, "w0", -1.0, 0.0, delay=0.5))  # a 503: 0.5 -> 1 s
+    assert float(run(keys("s"), acquire_argv(t + 0.2, "w1", "l1b", [s]))[2]) == pytest.approx(0.9)
+
+
+def test_a_claim_never_leaves_a_key_without_expiry():
+    """A scope's state can expire while a lease lives (key_ttl < lease_ttl); a waiter's
+    queue entry then makes the hash anew, and naming it must not leave it for ever."""
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    clock.advance(1_700_000_000.0)
+    store = TwinStore(clock)
+    c = {"delay": 0.0, "concurrency": 1, "window": 0.001}
+    argv = acquire_argv(clock.seconds(), "h", "h1", [c])
+    argv[8] = fmt(0.001)  # key ttl: the state hash expires at once, the lease (10 s) lives
+    assert store.run(keys("c"), argv)[0] == "ok"
+    clock.advance(0.01)
+    assert store.run(keys("c"), acquire_argv(clock.seconds(), "w", "w1", [c]))[0] == "full"
+    store.run(keys("c"), release_argv(clock.seconds(), "h", "h1", [1]))  # names w
+    assert store.hashes[NS + "s:c"].get("nm")
+    assert store.ttl(NS + "s:c") is not None

@@ -279,8 +279,8 @@ class StoreLink:
         (Its request was admitted another way, is waiting for a quota or a
         hold, or the crawl is closing.) Releases waiting to ride go along.
         """
-        if self.mode != SHARED or self._closed:
-            return
+        if self._closed or (self.mode != SHARED and not self._store_back):
+            return  # (falling back but the store answers: its queues are live)
         self._call(self._keys([scope_id]), "release", ["1", "2"]).addErrback(lambda _: None)
 
     def _flush(self) -> None:

@@ -224,6 +224,8 @@ local function name(skey, who)
   list[#list + 1] = who
   list[#list + 1] = fmt(now + CLAIM)
   write_claims(skey, list)
+  -- (The queue's last entry gone, the hash may have been made anew here.)
+  if redis.call('PTTL', skey) < 0 then pexpire(skey, CLAIM + 1) end
   redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who)
 end
 
@@ -478,7 +480,7 @@ if op == 'acquire' then
   local recovery_wait = 0
   for i = 1, scopes do
     local st = states[i]
-    if st.bo > 0 and st.rec > now and ready > st.rec then
+    if st.bo > 0 and st.rec - now > 0.000001 and ready > st.rec then
       if st.rec - now > recovery_wait then recovery_wait = st.rec - now end
     end
   end
@@ -567,6 +569,9 @@ if op == 'backoff' then
     local outcome = 'held'
     if hold >= 0 then
       if now + hold > st.hold then st.hold = now + hold end
+      -- The workers give back the reservations they wait on (the "hold"
+      -- message): the next slot is the hold's end, not after theirs.
+      if st.tat > st.hold then st.tat = st.hold end
       st.ss = now
       -- With the seconds it has left, so workers that fall back keep it.
       redis.call('PUBLISH', channel, 'hold\t' .. scope_of(skey) .. '\t' .. fmt(st.hold - now))
@@ -584,13 +589,18 @@ if op == 'backoff' then
       else
         local before = math.max(base, st.bo)
         st.bo = math.min(bmax, math.max(bmin, before * factor))
-        -- The next slot moves out to the new interval (the workers give back
-        -- the reservations they hold on the "step" message and ask again).
-        st.tat = st.tat + math.max(0, math.max(base, st.bo) - before)
+        local after = math.max(base, st.bo)
+        if after > before then
+          -- The workers give back the reservations they wait on (the "step"
+          -- message) and ask again: the next slot is the new interval after
+          -- the last reserved one, but no later than the new interval from
+          -- now (the slots given back are not kept).
+          st.tat = math.min(st.tat + (after - before), now + after)
+          redis.call('PUBLISH', channel, 'step\t' .. scope_of(skey))
+        end
       end
       st.ss = now
       outcome = 'step'
-      redis.call('PUBLISH', channel, 'step\t' .. scope_of(skey))
     end
     if outcome ~= 'dup' then
       st.rt = st.rt + 1

@@ -220,6 +220,7 @@ class TwinStore(TwinKeys):
                 if hold >= 0:
                     if now + hold > st.hold:
                         st.hold = now + hold
+                    st.tat = min(st.tat, st.hold)  # reservations given back (see the script)
                     st.ss = now
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
                 elif now - age < st.ss:
@@ -232,11 +233,13 @@ class TwinStore(TwinKeys):
                     else:
                         before = max(base, st.bo)
                         st.bo = min(bmax, max(bmin, before * factor))
-                        # The next slot moves out to the new interval.
-                        st.tat = st.tat + max(0.0, max(base, st.bo) - before)
+                        after = max(base, st.bo)
+                        if after > before:
+                            # Reservations given back on "step" (see the script).
+                            st.tat = min(st.tat + (after - before), now + after)
+                            self.publish(channel, "step\t" + scope_of(skey))
                     st.ss = now
                     outcome = "step"
-                    self.publish(channel, "step\t" + scope_of(skey))
                 if outcome != "dup":
                     st.rt = st.rt + 1
                     if st.bo > 0:
@@ -357,7 +360,7 @@ class TwinStore(TwinKeys):
         # No slot beyond a scope's next backoff step down (see the script).
         recovery_wait = 0.0
         for st in states:
-            if st.bo > 0 and st.rec > now and ready > st.rec:
+            if st.bo > 0 and st.rec - now > 0.000001 and ready > st.rec:
                 recovery_wait = max(recovery_wait, st.rec - now)
         wait = ready - now
         status = "ok"

@@ -151,6 +151,8 @@ class TwinKeys:
         """Wake *member* for a free slot (*message* names the scope) and claim it for it."""
         claims, _ = self._read_claims(skey, workers, now)
         self._write_claims(skey, [*claims, (member, f"{now + CLAIM:.6f}")])
+        if skey not in self.expiry:  # the hash made anew (see the script)
+            self._pexpire(skey, CLAIM + 1)
         self.publish(self.channel_of(workers), f"{message}\t{member}")
 
     @staticmethod
