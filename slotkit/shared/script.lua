@@ -121,12 +121,18 @@ local function enqueue(skey, id, ttl)
   redis.call('HSET', skey, 'wq', queue .. ' ' .. id)
 end
 
-local function set_queue(skey, ids)
-  if #ids == 0 then
-    redis.call('HDEL', skey, 'wq')
+-- A field of the state hash holding a list, words joined by spaces (none:
+-- the field goes, and the hash with it if it was the last one).
+local function write_list(skey, field, words)
+  if #words == 0 then
+    redis.call('HDEL', skey, field)
   else
-    redis.call('HSET', skey, 'wq', table.concat(ids, ' '))
+    redis.call('HSET', skey, field, table.concat(words, ' '))
   end
+end
+
+local function set_queue(skey, ids)
+  write_list(skey, 'wq', ids)
 end
 
 local function leave_queue(skey, id)
@@ -186,11 +192,7 @@ local function read_claims(skey)
 end
 
 local function write_claims(skey, list)
-  if #list == 0 then
-    redis.call('HDEL', skey, 'nm')
-  else
-    redis.call('HSET', skey, 'nm', table.concat(list, ' '))
-  end
+  write_list(skey, 'nm', list)
 end
 
 -- Slots of the scope claimed by workers other than *id*.

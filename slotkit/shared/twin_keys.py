@@ -67,15 +67,19 @@ class TwinKeys:
 
     # The queue of workers waiting for a full scope (the 'wq' field of its state)
 
-    def _set_queue(self, skey: str, ids: list[str]) -> None:
-        fields = self.hashes.get(skey, {})
-        if ids:
-            fields["wq"] = " ".join(ids)
+    def _write_list(self, skey: str, field: str, words: list[str]) -> None:
+        """A list in a field of *skey*, words joined by spaces; none: the field goes."""
+        if words:
+            self.hashes.setdefault(skey, {})[field] = " ".join(words)
             return
-        fields.pop("wq", None)
+        fields = self.hashes.get(skey, {})
+        fields.pop(field, None)
         if not fields:  # like Redis, a hash left without fields is gone
             self.hashes.pop(skey, None)
             self.expiry.pop(skey, None)
+
+    def _set_queue(self, skey: str, ids: list[str]) -> None:
+        self._write_list(skey, "wq", ids)
 
     def _enqueue(self, skey: str, member: str, ttl: float) -> None:
         self._live(skey)
@@ -128,14 +132,7 @@ class TwinKeys:
         return claims, lapsed
 
     def _write_claims(self, skey: str, claims: list[tuple[str, str]]) -> None:
-        if claims:
-            self.hashes.setdefault(skey, {})["nm"] = " ".join(f"{w} {e}" for w, e in claims)
-            return
-        fields = self.hashes.get(skey, {})
-        fields.pop("nm", None)
-        if not fields:  # like Redis, a hash left without fields is gone
-            self.hashes.pop(skey, None)
-            self.expiry.pop(skey, None)
+        self._write_list(skey, "nm", [word for claim in claims for word in claim])
 
     def _claimed(self, skey: str, member: str, workers: str, now: float) -> int:
         claims, _ = self._read_claims(skey, workers, now)
