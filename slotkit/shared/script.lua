@@ -131,10 +131,6 @@ local function write_list(skey, field, words)
   end
 end
 
-local function set_queue(skey, ids)
-  write_list(skey, 'wq', ids)
-end
-
 local function leave_queue(skey, id)
   local queue = redis.call('HGET', skey, 'wq')
   if not queue then return end
@@ -142,7 +138,7 @@ local function leave_queue(skey, id)
   for other in string.gmatch(queue, '%S+') do
     if other ~= id then rest[#rest + 1] = other end
   end
-  set_queue(skey, rest)
+  write_list(skey, 'wq', rest)
 end
 
 -- The first waiter still alive other than *skip*, taken off the queue (dead
@@ -158,7 +154,7 @@ local function first_waiter(skey, skip)
       who = other
     end
   end
-  set_queue(skey, rest)
+  write_list(skey, 'wq', rest)
   return who
 end
 
@@ -191,13 +187,8 @@ local function read_claims(skey)
   return list, lapsed
 end
 
-local function write_claims(skey, list)
-  write_list(skey, 'nm', list)
-end
-
--- Slots of the scope claimed by workers other than *id*.
-local function claimed(skey, id)
-  local list = read_claims(skey)
+-- How many of the claims *list* are other workers' than *id*.
+local function others(list, id)
   local count = 0
   for j = 1, #list, 2 do
     if list[j] ~= id then count = count + 1 end
@@ -205,9 +196,10 @@ local function claimed(skey, id)
   return count
 end
 
--- *id* asked: its claims (and lapsed ones) are gone.
-local function drop_claims(skey, id)
-  local list, changed = read_claims(skey)
+-- *id* asked: its claims (and lapsed ones) are gone. *list* and *changed*:
+-- read_claims's answer, if the caller has it already.
+local function drop_claims(skey, id, list, changed)
+  if not list then list, changed = read_claims(skey) end
   local kept = {}
   for j = 1, #list, 2 do
     if list[j] == id then
@@ -217,7 +209,7 @@ local function drop_claims(skey, id)
       kept[#kept + 1] = list[j + 1]
     end
   end
-  if changed then write_claims(skey, kept) end
+  if changed then write_list(skey, 'nm', kept) end
 end
 
 -- Wake *who* for a free slot of the scope, and claim the slot for it.
@@ -225,7 +217,7 @@ local function name(skey, who)
   local list = read_claims(skey)
   list[#list + 1] = who
   list[#list + 1] = fmt(now + CLAIM)
-  write_claims(skey, list)
+  write_list(skey, 'nm', list)
   -- (The queue's last entry gone, the hash may have been made anew here.)
   if redis.call('PTTL', skey) < 0 then pexpire(skey, CLAIM + 1) end
   redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who)
@@ -439,7 +431,8 @@ if op == 'acquire' then
     redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now))
     local held = redis.call('ZCARD', lkey)
     -- Slots claimed for other workers woken for them count as taken.
-    local claims = claimed(skey, wid)
+    a.claims, a.lapsed = read_claims(skey)
+    local claims = others(a.claims, wid)
     local active = held + claims
     a.active = active
     if active >= a.conc then
@@ -523,7 +516,7 @@ if op == 'acquire' then
   -- waiter: woken for the slot, it could not use it.
   for i = 1, scopes do
     local skey = KEYS[2 * i]
-    drop_claims(skey, wid)
+    drop_claims(skey, wid, args[i].claims, args[i].lapsed)
     if status ~= 'full' then leave_queue(skey, wid) end
     if args[i].active >= args[i].conc then
       if status == 'full' then enqueue(skey, wid, key_ttl) end

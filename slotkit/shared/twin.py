@@ -317,6 +317,8 @@ class TwinStore(TwinKeys):
         scopes = int(argv[o + 5])
         states: list[_State] = []
         params: list[dict[str, float]] = []
+        # Each scope's claims, read once for the count and the drop (see the script).
+        read: list[tuple[list[tuple[str, str]], bool]] = []
         ready = now
         full, full_retry = False, math.inf
         quota_wait = 0.0
@@ -334,7 +336,9 @@ class TwinStore(TwinKeys):
             a["interval"] = max(a["base"], st.bo)
             self._zremrange(lkey, fmt(now))
             leases = self._zset(lkey)
-            claims = self._claimed(skey, wid, keys[0], now)  # slots held for named workers
+            # Slots claimed for other workers woken for them count as taken.
+            read.append(self._read_claims(skey, keys[0], now))
+            claims = sum(1 for who, _ in read[-1][0] if who != wid)
             a["active"] = len(leases) + claims
             if a["active"] >= a["conc"]:
                 full = True
@@ -392,7 +396,7 @@ class TwinStore(TwinKeys):
                 save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
         for i, a in enumerate(params):
             skey = keys[1 + 2 * i]
-            self._drop_claims(skey, wid, keys[0], now)
+            self._drop_claims(skey, wid, keys[0], now, read[i])
             if status != "full":
                 self._leave_queue(skey, wid)
             if a["active"] >= a["conc"]:

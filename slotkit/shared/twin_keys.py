@@ -78,9 +78,6 @@ class TwinKeys:
             self.hashes.pop(skey, None)
             self.expiry.pop(skey, None)
 
-    def _set_queue(self, skey: str, ids: list[str]) -> None:
-        self._write_list(skey, "wq", ids)
-
     def _enqueue(self, skey: str, member: str, ttl: float) -> None:
         self._live(skey)
         queue = self.hashes.get(skey, {}).get("wq")
@@ -89,13 +86,13 @@ class TwinKeys:
             if skey not in self.expiry:
                 self._pexpire(skey, ttl)
         elif member not in queue.split():
-            self._set_queue(skey, [*queue.split(), member])
+            self._write_list(skey, "wq", [*queue.split(), member])
 
     def _leave_queue(self, skey: str, member: str) -> None:
         self._live(skey)
         queue = self.hashes.get(skey, {}).get("wq")
         if queue is not None:
-            self._set_queue(skey, [other for other in queue.split() if other != member])
+            self._write_list(skey, "wq", [other for other in queue.split() if other != member])
 
     def _first_waiter(self, skey: str, workers: str, skip: str | None) -> str | None:
         self._live(skey)
@@ -109,7 +106,7 @@ class TwinKeys:
                 rest.append(other)
             elif other in live:
                 who = other
-        self._set_queue(skey, rest)
+        self._write_list(skey, "wq", rest)
         return who
 
     # Claims of workers named for a freed slot (the 'nm' field: id and end)
@@ -134,12 +131,16 @@ class TwinKeys:
     def _write_claims(self, skey: str, claims: list[tuple[str, str]]) -> None:
         self._write_list(skey, "nm", [word for claim in claims for word in claim])
 
-    def _claimed(self, skey: str, member: str, workers: str, now: float) -> int:
-        claims, _ = self._read_claims(skey, workers, now)
-        return sum(1 for who, _ in claims if who != member)
-
-    def _drop_claims(self, skey: str, member: str, workers: str, now: float) -> None:
-        claims, changed = self._read_claims(skey, workers, now)
+    def _drop_claims(
+        self,
+        skey: str,
+        member: str,
+        workers: str,
+        now: float,
+        read: tuple[list[tuple[str, str]], bool] | None = None,
+    ) -> None:
+        """*member* asked: its claims (and lapsed ones) go; *read*: _read_claims's answer."""
+        claims, changed = read if read is not None else self._read_claims(skey, workers, now)
         kept = [(who, end) for who, end in claims if who != member]
         if changed or len(kept) != len(claims):
             self._write_claims(skey, kept)
