@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -94,9 +95,9 @@ class StoreLink:
         self.freed: dict[str, int] = {}
         #: Acquires on their way to the store, per scope (a "free" naming
         #: this worker meanwhile is for one of them).
-        self.asking: dict[str, int] = {}
+        self.asking: Counter[str] = Counter()
         #: What the store made of this worker's backoff triggers, by outcome.
-        self.backoff_outcomes: dict[str, int] = {}
+        self.backoff_outcomes: Counter[str] = Counter()
         #: When a worker last found each scope full ("need"): its releases
         #: then go at once, since workers queue for the scope.
         self._needed_at: dict[str, float] = {}
@@ -491,5 +492,4 @@ class StoreLink:
     def _count_backoff_outcomes(self, reply: list[str]) -> None:
         # Per scope: "step", "dup" (part of the burst a step answered), "ramp"
         # (within rampup's target) or "held" (a hold); then the backoff delay.
-        for outcome in reply[2::2]:
-            self.backoff_outcomes[outcome] = self.backoff_outcomes.get(outcome, 0) + 1
+        self.backoff_outcomes.update(reply[2::2])

@@ -100,12 +100,9 @@ class SharedThrottle(StoreLink):
                 intervals.append(interval)
             self.acquires += 1
             seen = self.event_count
-            for scope_id in ticket.scope_ids:
-                self.asking[scope_id] = self.asking.get(scope_id, 0) + 1
             try:
-                reply = await maybe_deferred_to_future(self._call(keys, "acquire", args))
+                reply = await self._ask(keys, args, ticket.scope_ids)
             except Exception:
-                self._asked(ticket.scope_ids)
                 # The script may still have run (a frozen store that thawed):
                 # give that lease back once the store answers again.
                 self._give_back(ticket, lease, now=False)
@@ -114,10 +111,6 @@ class SharedThrottle(StoreLink):
                 if await self._reserve_locally(request, ticket):
                     return ticket
                 continue
-            except BaseException:
-                self._asked(ticket.scope_ids)  # cancelled: the crawl is closing
-                raise
-            self._asked(ticket.scope_ids)
             now = self.clock.seconds()
             status, wait = reply[0], float(reply[2])
             slots_left = [int(x) for x in reply[4::2]]
@@ -161,13 +154,16 @@ class SharedThrottle(StoreLink):
             sleep = self.sleeps.sleep(wait, ticket.scope_ids, kinds)
             await maybe_deferred_to_future(sleep.deferred)
 
-    def _asked(self, scope_ids: Sequence[str]) -> None:
-        for scope_id in scope_ids:
-            left = self.asking.get(scope_id, 0) - 1
-            if left > 0:
-                self.asking[scope_id] = left
-            else:
-                self.asking.pop(scope_id, None)
+    async def _ask(self, keys: list[str], args: list[str], scope_ids: Sequence[str]) -> list[str]:
+        """One ``acquire`` call, counted in :attr:`asking` while it is on its way."""
+        self.asking.update(scope_ids)
+        try:
+            return await maybe_deferred_to_future(self._call(keys, "acquire", args))
+        finally:
+            self.asking.subtract(scope_ids)
+            for scope_id in scope_ids:
+                if self.asking[scope_id] <= 0:
+                    del self.asking[scope_id]
 
     async def _reserve_locally(self, request: Request, ticket: Pass) -> bool:
         """Admit *ticket* through the fallback gate; False if the store came back first."""
