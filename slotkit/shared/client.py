@@ -53,6 +53,12 @@ def script_source() -> str:
     return resources.files("slotkit.shared").joinpath("script.lua").read_text("utf-8")
 
 
+def script_and_sha() -> tuple[str, str]:
+    """``script.lua`` and its SHA1, the name ``EVALSHA`` runs it by."""
+    source = script_source()
+    return source, hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+
 class Backend(Protocol):
     """What the shared throttle needs from a store."""
 
@@ -211,8 +217,7 @@ class AsyncioRedisBackend:
             socket_connect_timeout=timeout,
             **_no_retry(),
         )
-        self._source = script_source()
-        self._sha = hashlib.sha1(self._source.encode("utf-8")).hexdigest()
+        self._source, self._sha = script_and_sha()
         self._timeout = timeout
         self._listener: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()

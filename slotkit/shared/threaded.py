@@ -9,7 +9,6 @@ for the other backends and what every backend does.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +20,7 @@ from slotkit.shared.client import (
     StoreDownError,
     _no_retry,
     logger,
-    script_source,
+    script_and_sha,
 )
 
 __all__ = ["ThreadedRedisBackend"]
@@ -46,8 +45,7 @@ class ThreadedRedisBackend:
             socket_connect_timeout=timeout,
             **_no_retry(),
         )
-        self._source = script_source()
-        self._sha = hashlib.sha1(self._source.encode("utf-8")).hexdigest()
+        self._source, self._sha = script_and_sha()
         self._pool = ThreadPool(minthreads=1, maxthreads=threads, name="slotkit-redis")
         # Daemon threads: a pool nobody stopped must not keep the process alive.
         self._pool.threadFactory = _daemon_thread  # type: ignore[assignment]
