@@ -23,14 +23,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from slotkit.rampup import lowered_delay
-from slotkit.shared.twin_keys import CLAIM, TwinKeys
+from slotkit.shared.twin_keys import CLAIM, FIELDS, ScopeState, TwinKeys, as_number, fmt
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
 __all__ = ["TwinStore", "fmt"]
 
-FIELDS = ("tat", "hold", "bo", "rec", "ss", "cd", "qw", "qu", "rd", "rc", "rwe", "rt", "rs")
 #: The six rampup arguments ``acquire`` and ``backoff`` both take for a scope.
 RAMPUP_ARGS = ("ron", "rlow", "rfac", "rmin", "rwin", "minc")
 #: The backoff curve of a scope, as both operations pass it.
@@ -39,38 +38,6 @@ CURVE_ARGS = ("factor", "bmin", "bmax", "bwin")
 SCOPE_ARGS = ("amount", "delay", "conc", "quota", "window", "cd", *CURVE_ARGS, "jf", *RAMPUP_ARGS)
 #: One scope's arguments of ``backoff``, in order.
 BACKOFF_ARGS = ("hold", "age", "delay", "cd", *CURVE_ARGS, *RAMPUP_ARGS, "conc", "rhigh")
-
-
-def fmt(value: float) -> str:
-    """Numbers as the script writes them: fixed point, six decimals."""
-    return f"{value:.6f}"
-
-
-def _num(raw: str | None, default: float = 0.0) -> float:
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        return default
-
-
-class _State:
-    __slots__ = FIELDS
-
-    tat: float
-    hold: float
-    bo: float
-    rec: float
-    ss: float
-    cd: float
-    qw: float
-    qu: float
-    rd: float
-    rc: float
-    rwe: float
-    rt: float
-    rs: float
 
 
 class TwinStore(TwinKeys):
@@ -103,15 +70,15 @@ class TwinStore(TwinKeys):
         def scope_of(key: str) -> str:
             return key[len(prefix) + 2 :]
 
-        def load(key: str) -> _State:
+        def load(key: str) -> ScopeState:
             self._live(key)
             raw = self.hashes.get(key, {})
-            state = _State()
+            state = ScopeState()
             for name in FIELDS:
-                setattr(state, name, _num(raw.get(name)))
+                setattr(state, name, as_number(raw.get(name)))
             return state
 
-        def save(key: str, state: _State, ttl: float) -> None:
+        def save(key: str, state: ScopeState, ttl: float) -> None:
             self._live(key)
             self.hashes.setdefault(key, {}).update(
                 {name: fmt(getattr(state, name)) for name in FIELDS}
@@ -122,7 +89,9 @@ class TwinStore(TwinKeys):
                 keep = horizon + ttl
             self._pexpire(key, keep)
 
-        def settle(state: _State, base: float, factor: float, floor: float, window: float) -> None:
+        def settle(
+            state: ScopeState, base: float, factor: float, floor: float, window: float
+        ) -> None:
             before = max(base, state.bo)
             while state.bo > 0 and state.rec > 0 and now >= state.rec:
                 lower = state.bo / factor
@@ -166,7 +135,7 @@ class TwinStore(TwinKeys):
                 else:
                     limit = float(argv[b + 3])
                     self._live(skey)
-                    rc = _num(self.hashes.get(skey, {}).get("rc"))
+                    rc = as_number(self.hashes.get(skey, {}).get("rc"))
                     if 1 <= rc < limit:
                         limit = rc
                     if active >= limit:
@@ -306,16 +275,16 @@ class TwinStore(TwinKeys):
         count: str,
         channel: str,
         scope_of: Callable[[str], str],
-        load: Callable[[str], _State],
-        save: Callable[[str, _State, float], None],
-        settle: Callable[[_State, float, float, float, float], None],
+        load: Callable[[str], ScopeState],
+        save: Callable[[str, ScopeState, float], None],
+        settle: Callable[[ScopeState, float, float, float, float], None],
     ) -> list[str]:
         lease = argv[o + 1]
         lease_ttl = float(argv[o + 2])
         horizon = float(argv[o + 3])
         key_ttl = float(argv[o + 4])
         scopes = int(argv[o + 5])
-        states: list[_State] = []
+        states: list[ScopeState] = []
         params: list[dict[str, float]] = []
         # Each scope's claims, read once for the count and the drop (see the script).
         read: list[tuple[list[tuple[str, str]], bool]] = []
@@ -412,7 +381,7 @@ class TwinStore(TwinKeys):
         return reply
 
 
-def _ramp(st: _State, a: dict[str, float], now: float) -> None:
+def _ramp(st: ScopeState, a: dict[str, float], now: float) -> None:
     """Shared rampup, as the script's ``ramp``: close every ended window, step up if quiet."""
     if st.rc < 1:
         st.rd = a["delay"]

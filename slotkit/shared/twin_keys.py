@@ -1,6 +1,7 @@
 """The key space of the twin store (``slotkit.shared.twin``), with Redis's semantics.
 
-The few Redis structures ``script.lua`` touches, kept in dicts: hashes,
+The few Redis structures ``script.lua`` touches, kept in dicts: hashes (a
+scope's state among them: :data:`FIELDS`, numbers written by :func:`fmt`),
 sorted sets, key expiry (lazy, on the store's clock, as Redis checks a key
 when it is touched), a publish channel delivering after each operation, and
 the queue of workers waiting for a full scope (the ``wq`` field of a scope's
@@ -16,10 +17,46 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["CLAIM", "TwinKeys"]
+__all__ = ["CLAIM", "FIELDS", "ScopeState", "TwinKeys", "as_number", "fmt"]
 
 #: Seconds a worker named for a freed slot holds it against others' asks.
 CLAIM = 0.5
+#: The numeric fields of a scope's state hash (``load``/``save`` in the script).
+FIELDS = ("tat", "hold", "bo", "rec", "ss", "cd", "qw", "qu", "rd", "rc", "rwe", "rt", "rs")
+
+
+def fmt(value: float) -> str:
+    """Numbers as the script writes them: fixed point, six decimals."""
+    return f"{value:.6f}"
+
+
+def as_number(raw: str | None, default: float = 0.0) -> float:
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        return default
+
+
+class ScopeState:
+    """A scope's state hash as numbers (what the script's ``load`` returns)."""
+
+    __slots__ = FIELDS
+
+    tat: float
+    hold: float
+    bo: float
+    rec: float
+    ss: float
+    cd: float
+    qw: float
+    qu: float
+    rd: float
+    rc: float
+    rwe: float
+    rt: float
+    rs: float
 
 
 class TwinKeys:
@@ -148,7 +185,7 @@ class TwinKeys:
     def _name(self, skey: str, member: str, workers: str, now: float, message: str) -> None:
         """Wake *member* for a free slot (*message* names the scope) and claim it for it."""
         claims, _ = self._read_claims(skey, workers, now)
-        self._write_claims(skey, [*claims, (member, f"{now + CLAIM:.6f}")])
+        self._write_claims(skey, [*claims, (member, fmt(now + CLAIM))])
         if skey not in self.expiry:  # the hash made anew (see the script)
             self._pexpire(skey, CLAIM + 1)
         self.publish(self.channel_of(workers), f"{message}\t{member}")
