@@ -38,18 +38,25 @@
 -- Every reply starts with a status word and "count:rank": the live worker
 -- count and how many live worker ids sort before this one.
 
+-- The library functions the script uses, as locals: each use of a global
+-- looks it up through the server's protected globals table.
+local call, tonumber, tostring, unpack = redis.call, tonumber, tostring, unpack
+local byte, format, gmatch, sub = string.byte, string.format, string.gmatch, string.sub
+local ceil, floor, max, min, huge = math.ceil, math.floor, math.max, math.min, math.huge
+local concat = table.concat
+
 local op = ARGV[1]
 local now
 if ARGV[2] ~= '' then
   now = tonumber(ARGV[2])
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local wid = ARGV[3]
 local wttl = tonumber(ARGV[4])
 local workers = KEYS[1]
-local prefix = string.sub(workers, 1, -2)
+local prefix = sub(workers, 1, -2)
 local channel = prefix .. 'ev'
 local nrel = tonumber(ARGV[5])
 -- Where the op's own arguments start.
@@ -57,17 +64,17 @@ local o = 5 + 3 * nrel
 
 -- The scope id in a state or lease key: after the prefix and 's:' or 'l:'.
 local function scope_of(key)
-  return string.sub(key, string.len(prefix) + 3)
+  return sub(key, #prefix + 3)
 end
 
 local function fmt(x)
-  return string.format('%.6f', x)
+  return format('%.6f', x)
 end
 
 local function pexpire(key, seconds)
-  local v = math.ceil(seconds * 1000)
+  local v = ceil(seconds * 1000)
   if v < 1 then v = 1 end
-  redis.call('PEXPIRE', key, v)
+  call('PEXPIRE', key, v)
 end
 
 local function num(v, default)
@@ -77,29 +84,37 @@ local function num(v, default)
 end
 
 -- 1. Heartbeat: every call proves this worker alive and counts the others.
-redis.call('ZREMRANGEBYSCORE', workers, '-inf', fmt(now))
+call('ZREMRANGEBYSCORE', workers, '-inf', fmt(now))
 if op == 'leave' then
-  redis.call('ZREM', workers, wid)
+  call('ZREM', workers, wid)
 else
-  redis.call('ZADD', workers, fmt(now + wttl), wid)
+  call('ZADD', workers, fmt(now + wttl), wid)
 end
 pexpire(workers, wttl * 2)
-local n = redis.call('ZCARD', workers)
+local ids = call('ZRANGE', workers, 0, -1)
+local n = #ids
 if n < 1 then n = 1 end
--- This worker's place among the live ones, ordered by id: while the store is
--- down, a scope with fewer slots than workers is left to the first ones.
--- Byte by byte: Lua's own '<' follows the server's locale.
-local function before(a, b)
-  local n = math.min(#a, #b)
-  for i = 1, n do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
+-- This worker's place among the live ones: while the store is down, a scope
+-- with fewer slots than workers is left to the first ones. Any order all
+-- workers agree on will do; ids are compared byte by byte from their ends
+-- (Lua's own '<' follows the server's locale). Worker ids end in a random
+-- part, so the last bytes nearly always decide: from the front, the host
+-- name they share cost a call per character, the script's largest cost
+-- with eight workers. (Numeric loops: ipairs costs a C call per step.)
+local mine, lm = {byte(wid, 1, -1)}, #wid
 local rank = 0
-for _, id in ipairs(redis.call('ZRANGE', workers, 0, -1)) do
-  if before(id, wid) then rank = rank + 1 end
+for j = 1, #ids do
+  local id = ids[j]
+  local li = #id
+  local less = li < lm
+  for k = 0, min(li, lm) - 1 do
+    local x, y = byte(id, li - k), mine[lm - k]
+    if x ~= y then
+      less = x < y
+      break
+    end
+  end
+  if less then rank = rank + 1 end
 end
 local N = tostring(n) .. ':' .. tostring(rank)
 
@@ -108,34 +123,34 @@ local N = tostring(n) .. ':' .. tostring(rank)
 -- one only: waking every waiting worker would have them all ask again for
 -- one slot, a call per worker per request.
 local function enqueue(skey, id, ttl)
-  local queue = redis.call('HGET', skey, 'wq')
+  local queue = call('HGET', skey, 'wq')
   if not queue then
-    redis.call('HSET', skey, 'wq', id)
+    call('HSET', skey, 'wq', id)
     -- (A scope full of leases adopted after an outage may have no state yet.)
-    if redis.call('PTTL', skey) < 0 then pexpire(skey, ttl) end
+    if call('PTTL', skey) < 0 then pexpire(skey, ttl) end
     return
   end
-  for other in string.gmatch(queue, '%S+') do
+  for other in gmatch(queue, '%S+') do
     if other == id then return end
   end
-  redis.call('HSET', skey, 'wq', queue .. ' ' .. id)
+  call('HSET', skey, 'wq', queue .. ' ' .. id)
 end
 
 -- A field of the state hash holding a list, words joined by spaces (none:
 -- the field goes, and the hash with it if it was the last one).
 local function write_list(skey, field, words)
   if #words == 0 then
-    redis.call('HDEL', skey, field)
+    call('HDEL', skey, field)
   else
-    redis.call('HSET', skey, field, table.concat(words, ' '))
+    call('HSET', skey, field, concat(words, ' '))
   end
 end
 
 local function leave_queue(skey, id)
-  local queue = redis.call('HGET', skey, 'wq')
+  local queue = call('HGET', skey, 'wq')
   if not queue then return end
   local rest = {}
-  for other in string.gmatch(queue, '%S+') do
+  for other in gmatch(queue, '%S+') do
     if other ~= id then rest[#rest + 1] = other end
   end
   write_list(skey, 'wq', rest)
@@ -144,13 +159,13 @@ end
 -- The first waiter still alive other than *skip*, taken off the queue (dead
 -- ones before it too; *skip* keeps its place).
 local function first_waiter(skey, skip)
-  local queue = redis.call('HGET', skey, 'wq')
+  local queue = call('HGET', skey, 'wq')
   if not queue then return nil end
   local who, rest = nil, {}
-  for other in string.gmatch(queue, '%S+') do
+  for other in gmatch(queue, '%S+') do
     if who or other == skip then
       rest[#rest + 1] = other
-    elseif redis.call('ZSCORE', workers, other) then
+    elseif call('ZSCORE', workers, other) then
       who = other
     end
   end
@@ -166,15 +181,15 @@ local CLAIM = 0.5
 
 -- The claims still in force, as {id, end, id, end, ...}; whether any lapsed.
 local function read_claims(skey)
-  local raw = redis.call('HGET', skey, 'nm')
+  local raw = call('HGET', skey, 'nm')
   local list, lapsed = {}, false
   if raw then
     local id = nil
-    for word in string.gmatch(raw, '%S+') do
+    for word in gmatch(raw, '%S+') do
       if not id then
         id = word
       else
-        if tonumber(word) > now and redis.call('ZSCORE', workers, id) then
+        if tonumber(word) > now and call('ZSCORE', workers, id) then
           list[#list + 1] = id
           list[#list + 1] = word
         else
@@ -219,8 +234,8 @@ local function name(skey, who)
   list[#list + 1] = fmt(now + CLAIM)
   write_list(skey, 'nm', list)
   -- (The queue's last entry gone, the hash may have been made anew here.)
-  if redis.call('PTTL', skey) < 0 then pexpire(skey, CLAIM + 1) end
-  redis.call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who)
+  if call('PTTL', skey) < 0 then pexpire(skey, CLAIM + 1) end
+  call('PUBLISH', channel, 'free\t' .. scope_of(skey) .. '\t' .. who)
 end
 
 -- 2. Leases given back (piggy-backed on this call). A release is published to
@@ -230,11 +245,11 @@ for r = 1, nrel do
   local b = 5 + 3 * (r - 1)
   local index = tonumber(ARGV[b + 2])
   local lkey = KEYS[index]
-  local active = redis.call('ZCARD', lkey)
-  local removed = redis.call('ZREM', lkey, ARGV[b + 1])
+  local active = call('ZCARD', lkey)
+  local removed = call('ZREM', lkey, ARGV[b + 1])
   if removed > 0 then
     local skey = KEYS[index - 1]
-    local message = 'free\t' .. string.sub(lkey, string.len(prefix) + 3)
+    local message = 'free\t' .. sub(lkey, #prefix + 3)
     local who = first_waiter(skey, nil)
     if who then
       name(skey, who)
@@ -242,9 +257,9 @@ for r = 1, nrel do
       -- Nobody queued: tell everyone if the scope was full (rampup may hold
       -- it below the configured concurrency the release carries).
       local limit = tonumber(ARGV[b + 3])
-      local rc = num(redis.call('HGET', skey, 'rc'), 0)
+      local rc = num(call('HGET', skey, 'rc'), 0)
       if rc >= 1 and rc < limit then limit = rc end
-      if active >= limit then redis.call('PUBLISH', channel, message) end
+      if active >= limit then call('PUBLISH', channel, message) end
     end
   end
 end
@@ -257,10 +272,10 @@ end
 -- different one than before knows the store that set the first is gone.
 if op == 'beat' and ARGV[o + 1] then
   local grace = tonumber(ARGV[o + 1])
-  local stored = redis.call('HGET', KEYS[2], 'at')
+  local stored = call('HGET', KEYS[2], 'at')
   if not stored then
     stored = fmt(now + grace)
-    redis.call('HSET', KEYS[2], 'at', stored)
+    call('HSET', KEYS[2], 'at', stored)
     -- Kept a while past the moment: a worker finding the store back late
     -- switches at once instead of starting a new grace beside shared ones.
     pexpire(KEYS[2], 3 * grace)
@@ -288,22 +303,34 @@ end
 -- rwe: end of the rampup window; rt/rs: triggers and dispatches in it.
 local FIELDS = {'tat', 'hold', 'bo', 'rec', 'ss', 'cd', 'qw', 'qu', 'rd', 'rc', 'rwe', 'rt', 'rs'}
 
+-- A state as loaded keeps what was read (in 'was'): a save writes only the
+-- fields that changed, which for most acquires is the next slot alone (every
+-- field formatted and written was a third of the script's time).
 local function load(key)
-  local raw = redis.call('HMGET', key, unpack(FIELDS))
-  local st = {}
-  for i, name in ipairs(FIELDS) do st[name] = num(raw[i], 0) end
+  local raw = call('HMGET', key, unpack(FIELDS))
+  local st, was = {}, {}
+  for i = 1, #FIELDS do
+    local v = 0
+    if raw[i] then v = num(raw[i], 0) end
+    st[FIELDS[i]] = v
+    was[FIELDS[i]] = v
+  end
+  st.was = was
   return st
 end
 
 local function save(key, st, ttl)
-  local flat = {}
-  for _, name in ipairs(FIELDS) do
-    flat[#flat + 1] = name
-    flat[#flat + 1] = fmt(st[name])
+  local flat, was = {}, st.was
+  for i = 1, #FIELDS do
+    local name = FIELDS[i]
+    if st[name] ~= was[name] then
+      flat[#flat + 1] = name
+      flat[#flat + 1] = fmt(st[name])
+    end
   end
-  redis.call('HSET', key, unpack(flat))
+  if #flat > 0 then call('HSET', key, unpack(flat)) end
   local keep = ttl
-  local horizon = math.max(st.tat, st.hold, st.rec) - now
+  local horizon = max(st.tat, st.hold, st.rec) - now
   if horizon + ttl > keep then keep = horizon + ttl end
   pexpire(key, keep)
 end
@@ -312,7 +339,7 @@ end
 -- quiet window; a step below the first backoff step or the base delay ends it.
 -- rec == 0 means "never recovers" (backoff window 0).
 local function settle(st, base, factor, floor, window)
-  local before = math.max(base, st.bo)
+  local before = max(base, st.bo)
   while st.bo > 0 and st.rec > 0 and now >= st.rec do
     local lower = st.bo / factor
     if lower < floor or lower <= base then
@@ -325,7 +352,7 @@ local function settle(st, base, factor, floor, window)
   end
   -- The next slot comes back in by what the interval shrank: it was set a
   -- backed-off interval after the last reserved one.
-  st.tat = st.tat - (before - math.max(base, st.bo))
+  st.tat = st.tat - (before - max(base, st.bo))
 end
 
 -- Shared rampup: at the end of each window with fewer triggers than the
@@ -351,7 +378,7 @@ local function ramp(st, a)
     st.rs = 0
     st.rwe = st.rwe + a.rwin
     if now >= st.rwe then
-      st.rwe = st.rwe + (math.floor((now - st.rwe) / a.rwin) + 1) * a.rwin
+      st.rwe = st.rwe + (floor((now - st.rwe) / a.rwin) + 1) * a.rwin
     end
   end
   a.delay = st.rd
@@ -377,7 +404,7 @@ if op == 'adopt' then
     -- Quota units the fallback spent count in the current window (unless
     -- reservations already count a later one).
     if units > 0 and window > 0 then
-      local widx = math.floor(now / window)
+      local widx = floor(now / window)
       if widx > st.qw then
         st.qw = widx
         st.qu = 0
@@ -386,10 +413,10 @@ if op == 'adopt' then
     end
     save(skey, st, key_ttl)
     for j = 1, m do
-      redis.call('ZADD', lkey, fmt(now + lease_ttl), ARGV[b + 4 + j])
+      call('ZADD', lkey, fmt(now + lease_ttl), ARGV[b + 4 + j])
     end
     -- Never shorten the set's life: an acquire may have reserved further ahead.
-    if m > 0 and redis.call('PTTL', lkey) < math.ceil((lease_ttl + 1) * 1000) then
+    if m > 0 and call('PTTL', lkey) < ceil((lease_ttl + 1) * 1000) then
       pexpire(lkey, lease_ttl + 1)
     end
     b = b + 4 + m
@@ -405,7 +432,7 @@ if op == 'acquire' then
   local scopes = tonumber(ARGV[o + 5])
   local states, args, holds = {}, {}, {}
   local ready = now
-  local full, full_retry = false, math.huge
+  local full, full_retry = false, huge
   local quota_wait = 0
   for i = 1, scopes do
     local b = o + 5 + (i - 1) * 17
@@ -425,11 +452,11 @@ if op == 'acquire' then
     if a.ron > 0 then ramp(st, a) end
     -- The larger of the stored and this worker's robots.txt Crawl-delay wins.
     if a.cd > st.cd then st.cd = a.cd end
-    a.base = math.max(a.delay * a.jf, st.cd)
+    a.base = max(a.delay * a.jf, st.cd)
     settle(st, a.base, a.factor, a.bmin, a.bwin)
-    a.interval = math.max(a.base, st.bo)
-    redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now))
-    local held = redis.call('ZCARD', lkey)
+    a.interval = max(a.base, st.bo)
+    call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now))
+    local held = call('ZCARD', lkey)
     -- Slots claimed for other workers woken for them count as taken.
     a.claims, a.lapsed = read_claims(skey)
     local claims = others(a.claims, wid)
@@ -439,15 +466,15 @@ if op == 'acquire' then
       full = true
       local retry = CLAIM
       if held > 0 then
-        local first = redis.call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
+        local first = call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
         retry = tonumber(first[2]) - now
         if claims > 0 and CLAIM < retry then retry = CLAIM end
       end
       if retry < full_retry then full_retry = retry end
       -- Workers keeping a finished lease for a moment give it back now.
-      redis.call('PUBLISH', channel, 'need\t' .. scope_of(lkey))
+      call('PUBLISH', channel, 'need\t' .. scope_of(lkey))
     end
-    local r = math.max(st.tat, st.hold)
+    local r = max(st.tat, st.hold)
     if r > ready then ready = r end
     states[i], args[i] = st, a
   end
@@ -458,7 +485,7 @@ if op == 'acquire' then
   for i = 1, scopes do
     local st, a = states[i], args[i]
     if a.quota > 0 then
-      local widx = math.floor(ready / a.window)
+      local widx = floor(ready / a.window)
       if widx > st.qw then
         st.qw = widx
         st.qu = 0
@@ -483,10 +510,10 @@ if op == 'acquire' then
   local status = 'ok'
   if full then
     status = 'full'
-    wait = math.max(wait, full_retry)
+    wait = max(wait, full_retry)
   elseif quota_wait > 0 then
     status = 'wait'
-    wait = math.max(wait, quota_wait)
+    wait = max(wait, quota_wait)
   elseif recovery_wait > 0 then
     status = 'wait'
     wait = recovery_wait
@@ -505,9 +532,9 @@ if op == 'acquire' then
         st.rs = st.rs + 1
       end
       local lkey = KEYS[2 * i + 1]
-      redis.call('ZADD', lkey, fmt(ready + lease_ttl), lease)
+      call('ZADD', lkey, fmt(ready + lease_ttl), lease)
       pexpire(lkey, ready + lease_ttl - now + 1)
-      save(KEYS[2 * i], st, math.max(key_ttl, a.window))
+      save(KEYS[2 * i], st, max(key_ttl, a.window))
     end
   end
   -- A worker told "full" queues for every scope that is full; one admitted,
@@ -528,7 +555,7 @@ if op == 'acquire' then
   -- Per scope: the hold left, and the slots still free after this call.
   local reply = {status, N, fmt(wait)}
   for i = 1, scopes do
-    reply[#reply + 1] = fmt(math.max(0, states[i].hold - now))
+    reply[#reply + 1] = fmt(max(0, states[i].hold - now))
     reply[#reply + 1] = tostring(args[i].conc - args[i].active - taken)
   end
   return reply
@@ -559,7 +586,7 @@ if op == 'backoff' then
       delay = a.delay
     end
     if cd > st.cd then st.cd = cd end
-    local base = math.max(delay, st.cd)
+    local base = max(delay, st.cd)
     settle(st, base, factor, bmin, bwin)
     local outcome = 'held'
     if hold >= 0 then
@@ -569,7 +596,7 @@ if op == 'backoff' then
       if st.tat > st.hold then st.tat = st.hold end
       st.ss = now
       -- With the seconds it has left, so workers that fall back keep it.
-      redis.call('PUBLISH', channel, 'hold\t' .. scope_of(skey) .. '\t' .. fmt(st.hold - now))
+      call('PUBLISH', channel, 'hold\t' .. scope_of(skey) .. '\t' .. fmt(st.hold - now))
     elseif now - age < st.ss then
       -- Sent before the current step began: the same episode, not a new signal.
       outcome = 'dup'
@@ -582,16 +609,16 @@ if op == 'backoff' then
         -- Rampup raised the concurrency: a step takes that back first.
         st.rc = st.rc - 1
       else
-        local before = math.max(base, st.bo)
-        st.bo = math.min(bmax, math.max(bmin, before * factor))
-        local after = math.max(base, st.bo)
+        local before = max(base, st.bo)
+        st.bo = min(bmax, max(bmin, before * factor))
+        local after = max(base, st.bo)
         if after > before then
           -- The workers give back the reservations they wait on (the "step"
           -- message) and ask again: the next slot is the new interval after
           -- the last reserved one, but no later than the new interval from
           -- now (the slots given back are not kept).
-          st.tat = math.min(st.tat + (after - before), now + after)
-          redis.call('PUBLISH', channel, 'step\t' .. scope_of(skey))
+          st.tat = min(st.tat + (after - before), now + after)
+          call('PUBLISH', channel, 'step\t' .. scope_of(skey))
         end
       end
       st.ss = now
@@ -619,7 +646,7 @@ if op == 'quota' then
     local quota, window = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local skey = KEYS[2 * i]
     local st = load(skey)
-    local widx = math.floor(now / window)
+    local widx = floor(now / window)
     if widx > st.qw then
       st.qw = widx
       st.qu = 0
@@ -628,12 +655,12 @@ if op == 'quota' then
     -- already count a later one, which they say nothing about.
     if widx == st.qw then
       if remaining >= 0 then
-        st.qu = math.max(0, quota - remaining)
+        st.qu = max(0, quota - remaining)
       else
         st.qu = st.qu + consumed
       end
     end
-    save(skey, st, math.max(key_ttl, window))
+    save(skey, st, max(key_ttl, window))
   end
   return {'ok', N}
 end

@@ -74,15 +74,20 @@ class TwinStore(TwinKeys):
             self._live(key)
             raw = self.hashes.get(key, {})
             state = ScopeState()
-            for name in FIELDS:
-                setattr(state, name, as_number(raw.get(name)))
+            state.was = {name: as_number(raw.get(name)) for name in FIELDS}
+            for name, value in state.was.items():
+                setattr(state, name, value)
             return state
 
         def save(key: str, state: ScopeState, ttl: float) -> None:
             self._live(key)
-            self.hashes.setdefault(key, {}).update(
-                {name: fmt(getattr(state, name)) for name in FIELDS}
-            )
+            changed = {
+                name: fmt(getattr(state, name))
+                for name in FIELDS
+                if getattr(state, name) != state.was[name]
+            }
+            if changed:
+                self.hashes.setdefault(key, {}).update(changed)
             keep = ttl
             horizon = max(state.tat, state.hold, state.rec) - now
             if horizon + ttl > keep:
@@ -113,7 +118,9 @@ class TwinStore(TwinKeys):
         self._pexpire(workers, wttl * 2)
         live = self._zset(workers)
         n = max(1, len(live))
-        count = f"{n}:{sum(1 for other in live if other < wid)}"
+        # Ids compared by their bytes from the end (see the script).
+        mine = wid.encode()[::-1]
+        count = f"{n}:{sum(1 for other in live if other.encode()[::-1] < mine)}"
 
         # 2. Leases given back, riding on this call.
         nrel = int(argv[4])

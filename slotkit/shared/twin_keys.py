@@ -40,9 +40,15 @@ def as_number(raw: str | None, default: float = 0.0) -> float:
 
 
 class ScopeState:
-    """A scope's state hash as numbers (what the script's ``load`` returns)."""
+    """A scope's state hash as numbers (what the script's ``load`` returns).
 
-    __slots__ = FIELDS
+    ``was`` keeps the numbers as loaded: a save writes only the fields that
+    changed, as the script does.
+    """
+
+    __slots__ = (*FIELDS, "was")
+
+    was: dict[str, float]
 
     tat: float
     hold: float
