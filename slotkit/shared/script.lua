@@ -77,6 +77,14 @@ local function pexpire(key, seconds)
   call('PEXPIRE', key, v)
 end
 
+-- Sorted sets score in whole milliseconds (a worker's or a lease's end): a
+-- small sorted set compares integer scores as they are, where a decimal one
+-- is parsed again at every step of an insert or a range.
+local function ms_after(t)
+  return format('%d', ceil(t * 1000))
+end
+local now_ms = format('%d', floor(now * 1000))
+
 local function num(v, default)
   local n = tonumber(v)
   if n == nil then return default end
@@ -84,11 +92,11 @@ local function num(v, default)
 end
 
 -- 1. Heartbeat: every call proves this worker alive and counts the others.
-call('ZREMRANGEBYSCORE', workers, '-inf', fmt(now))
+call('ZREMRANGEBYSCORE', workers, '-inf', now_ms)
 if op == 'leave' then
   call('ZREM', workers, wid)
 else
-  call('ZADD', workers, fmt(now + wttl), wid)
+  call('ZADD', workers, ms_after(now + wttl), wid)
 end
 pexpire(workers, wttl * 2)
 local ids = call('ZRANGE', workers, 0, -1)
@@ -413,7 +421,7 @@ if op == 'adopt' then
     end
     save(skey, st, key_ttl)
     for j = 1, m do
-      call('ZADD', lkey, fmt(now + lease_ttl), ARGV[b + 4 + j])
+      call('ZADD', lkey, ms_after(now + lease_ttl), ARGV[b + 4 + j])
     end
     -- Never shorten the set's life: an acquire may have reserved further ahead.
     if m > 0 and call('PTTL', lkey) < ceil((lease_ttl + 1) * 1000) then
@@ -455,7 +463,7 @@ if op == 'acquire' then
     a.base = max(a.delay * a.jf, st.cd)
     settle(st, a.base, a.factor, a.bmin, a.bwin)
     a.interval = max(a.base, st.bo)
-    call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now))
+    call('ZREMRANGEBYSCORE', lkey, '-inf', now_ms)
     local held = call('ZCARD', lkey)
     -- Slots claimed for other workers woken for them count as taken.
     a.claims, a.lapsed = read_claims(skey)
@@ -467,7 +475,7 @@ if op == 'acquire' then
       local retry = CLAIM
       if held > 0 then
         local first = call('ZRANGE', lkey, 0, 0, 'WITHSCORES')
-        retry = tonumber(first[2]) - now
+        retry = tonumber(first[2]) / 1000 - now
         if claims > 0 and CLAIM < retry then retry = CLAIM end
       end
       if retry < full_retry then full_retry = retry end
@@ -532,7 +540,7 @@ if op == 'acquire' then
         st.rs = st.rs + 1
       end
       local lkey = KEYS[2 * i + 1]
-      call('ZADD', lkey, fmt(ready + lease_ttl), lease)
+      call('ZADD', lkey, ms_after(ready + lease_ttl), lease)
       pexpire(lkey, ready + lease_ttl - now + 1)
       save(KEYS[2 * i], st, max(key_ttl, a.window))
     end

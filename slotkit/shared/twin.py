@@ -23,7 +23,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from slotkit.rampup import lowered_delay
-from slotkit.shared.twin_keys import CLAIM, FIELDS, ScopeState, TwinKeys, as_number, fmt
+from slotkit.shared.twin_keys import (
+    CLAIM,
+    FIELDS,
+    ScopeState,
+    TwinKeys,
+    as_number,
+    fmt,
+    ms,
+    ms_after,
+)
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
@@ -110,11 +119,11 @@ class TwinStore(TwinKeys):
             state.tat = state.tat - (before - max(base, state.bo))
 
         # 1. Heartbeat.
-        self._zremrange(workers, fmt(now))
+        self._zremrange(workers, ms(now))
         if op == "leave":
             self._zset(workers).pop(wid, None)
         else:
-            self._zadd(workers, fmt(now + wttl), wid)
+            self._zadd(workers, ms_after(now + wttl), wid)
         self._pexpire(workers, wttl * 2)
         live = self._zset(workers)
         n = max(1, len(live))
@@ -263,7 +272,7 @@ class TwinStore(TwinKeys):
                         st.qu = st.qu + units
                 save(skey, st, key_ttl)
                 for j in range(m):
-                    self._zadd(lkey, fmt(now + lease_ttl), argv[b + 5 + j])
+                    self._zadd(lkey, ms_after(now + lease_ttl), argv[b + 5 + j])
                 left = self.ttl(lkey)
                 if m > 0 and (left is None or left * 1000 < math.ceil((lease_ttl + 1) * 1000)):
                     self._pexpire(lkey, lease_ttl + 1)
@@ -310,7 +319,7 @@ class TwinStore(TwinKeys):
             a["base"] = max(a["delay"] * a["jf"], st.cd)
             settle(st, a["base"], a["factor"], a["bmin"], a["bwin"])
             a["interval"] = max(a["base"], st.bo)
-            self._zremrange(lkey, fmt(now))
+            self._zremrange(lkey, ms(now))
             leases = self._zset(lkey)
             # Slots claimed for other workers woken for them count as taken.
             read.append(self._read_claims(skey, keys[0], now))
@@ -320,7 +329,7 @@ class TwinStore(TwinKeys):
                 full = True
                 retry = CLAIM
                 if leases:
-                    retry = min(leases.values()) - now
+                    retry = min(leases.values()) / 1000 - now
                     if claims > 0 and retry > CLAIM:
                         retry = CLAIM
                 full_retry = min(full_retry, retry)
@@ -367,7 +376,7 @@ class TwinStore(TwinKeys):
                         st.rwe = now + a["rwin"]
                     st.rs = st.rs + 1
                 lkey = keys[2 + 2 * i]
-                self._zadd(lkey, fmt(ready + lease_ttl), lease)
+                self._zadd(lkey, ms_after(ready + lease_ttl), lease)
                 self._pexpire(lkey, ready + lease_ttl - now + 1)
                 save(keys[1 + 2 * i], st, max(key_ttl, a["window"]))
         for i, a in enumerate(params):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["CLAIM", "FIELDS", "ScopeState", "TwinKeys", "as_number", "fmt"]
+__all__ = ["CLAIM", "FIELDS", "ScopeState", "TwinKeys", "as_number", "fmt", "ms", "ms_after"]
 
 #: Seconds a worker named for a freed slot holds it against others' asks.
 CLAIM = 0.5
@@ -28,6 +28,19 @@ FIELDS = ("tat", "hold", "bo", "rec", "ss", "cd", "qw", "qu", "rd", "rc", "rwe",
 def fmt(value: float) -> str:
     """Numbers as the script writes them: fixed point, six decimals."""
     return f"{value:.6f}"
+
+
+def ms(moment: float) -> str:
+    """*moment* in whole milliseconds, down: what sorted-set ranges stop at.
+
+    Sorted sets score in integer milliseconds (see the script: Redis compares
+    integer scores of a small set without parsing them)."""
+    return str(math.floor(moment * 1000))
+
+
+def ms_after(moment: float) -> str:
+    """The end of a worker's or a lease's life in whole milliseconds, never before *moment*."""
+    return str(math.ceil(moment * 1000))
 
 
 def as_number(raw: str | None, default: float = 0.0) -> float:
