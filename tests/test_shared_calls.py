@@ -66,6 +66,43 @@ async def test_a_full_scope_calls_kept_leases_back():
 
 
 @pytest_twisted.ensureDeferred
+async def test_calls_carry_the_heartbeat_once_per_half_period():
+    """Most calls skip the heartbeat (half the store's work); one per half beat carries it.
+
+    The worker count still reaches every worker: one that leaves is missed by the
+    others' next call carrying the heartbeat.
+    """
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    await cluster.run_for(0.05)  # both workers' first heartbeat
+    carried: list[bool] = []
+    run = cluster.store.run
+
+    def recording(keys, argv):
+        if argv[2] == "w0":
+            carried.append(argv[3] != "")
+        return run(keys, argv)
+
+    cluster.store.run = recording  # type: ignore[method-assign]
+    scope = a.scope("q", concurrency=10, delay=0.1)
+    for i in range(20):  # 2 s of requests, one every 0.1 s
+        a.throttle.release(await reserve_now(a, f"http://q/{i}", [scope]))
+        await cluster.run_for(0.1)
+    # 20 acquires in 2 s (each a call; releases ride on them): the heartbeat on
+    # the first call at least half a beat (0.5 s) after the last one.
+    assert len(carried) == 20
+    assert 3 <= sum(carried) <= 4, carried
+    assert a.throttle.workers == 2, "b came after a's first heartbeat"
+    b.throttle.close()
+    await settle()
+    for i in range(6):
+        a.throttle.release(await reserve_now(a, f"http://q/late{i}", [scope]))
+        await cluster.run_for(0.1)
+    assert a.throttle.workers == 1, "b's leave reached a with its next heartbeat"
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_heartbeats_are_skipped_while_calls_flow():
     """A worker whose calls prove it alive sends no heartbeat of its own."""
     cluster = Cluster(1)

@@ -78,6 +78,8 @@ class StoreLink:
         self._last_success = clock.seconds()
         #: When a call last proved this worker alive to the store (none yet).
         self._alive_at = -math.inf
+        #: When the last call carrying the heartbeat left (see _call).
+        self._heartbeat_sent_at = -math.inf
         self._managers: dict[str, SharedScopeManager] = {}
         self.local = LocalFallback(clock)
         self.sleeps = Sleeps(clock)
@@ -195,7 +197,21 @@ class StoreLink:
             self._flush_call.cancel()
         self._flush_call = None
         keys = list(keys)
-        head = [op, "", self.worker_id, fmt(self.options.worker_ttl), str(len(riding))]
+        # The heartbeat (this worker's ttl: the store counts it alive and
+        # tells it the worker count and its rank) goes on one call per half
+        # heartbeat period, not on every call: it was half of the store's
+        # time per acquire with eight workers. Every call while not in
+        # shared mode, and beats and leaves, carry it.
+        now = self.clock.seconds()
+        heartbeat = (
+            op in ("beat", "leave")
+            or self.mode != SHARED
+            or now - self._heartbeat_sent_at >= self.options.beat / 2
+        )
+        if heartbeat:
+            self._heartbeat_sent_at = now
+        ttl = fmt(self.options.worker_ttl) if heartbeat else ""
+        head = [op, "", self.worker_id, ttl, str(len(riding))]
         for lease, lease_key, concurrency in riding:
             if lease_key not in keys:
                 # The scope's state hash just before its lease set: the script
@@ -208,8 +224,10 @@ class StoreLink:
 
         def failed(failure: Failure) -> Failure:
             # The releases may not have happened: they ride on a later call
-            # (giving a lease back twice is harmless).
+            # (giving a lease back twice is harmless); nor the heartbeat.
             self._releases[:0] = riding
+            if heartbeat:
+                self._heartbeat_sent_at = -math.inf
             return self._failed(failure)
 
         d.addCallbacks(self._succeeded, failed)
@@ -217,8 +235,11 @@ class StoreLink:
 
     def _succeeded(self, reply: list[str]) -> list[str]:
         self._failures = 0
-        self._last_success = self._alive_at = self.clock.seconds()
-        if len(reply) > 1 and self.mode == SHARED:
+        self._last_success = self.clock.seconds()
+        if len(reply) > 1 and reply[1]:
+            # A call carrying the heartbeat (the others answer '' here).
+            self._alive_at = self._last_success
+        if len(reply) > 1 and reply[1] and self.mode == SHARED:
             # Not while falling back: a restarted store first counts only the
             # workers that found it back, and the fallback's shares must hold
             # until every worker goes back to it together.

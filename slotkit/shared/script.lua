@@ -10,7 +10,8 @@
 -- the parity tests only); every reply is a relative wait, so the clocks of
 -- the workers never matter.
 --
--- ARGV: op, now override ('' = TIME), worker id, worker ttl, then the leases
+-- ARGV: op, now override ('' = TIME), worker id, worker ttl ('' = no heartbeat
+-- on this call, see 1. below), then the leases
 -- to give back (every op carries them, so a release rides on the next call):
 --   n releases, then 3 per release: lease id, index in KEYS of its lease set (its
 --   state hash is the key just before it), concurrency
@@ -36,7 +37,8 @@
 --            hash: the reply adds the wait until every worker goes back to the store
 --   leave:   (nothing)
 -- Every reply starts with a status word and "count:rank": the live worker
--- count and how many live worker ids sort before this one.
+-- count and how many live worker ids sort before this one ('' on a call
+-- without the heartbeat).
 
 -- The library functions the script uses, as locals: each use of a global
 -- looks it up through the server's protected globals table.
@@ -83,7 +85,8 @@ end
 local function ms_after(t)
   return format('%d', ceil(t * 1000))
 end
-local now_ms = format('%d', floor(now * 1000))
+local now_msn = floor(now * 1000)
+local now_ms = format('%d', now_msn)
 
 local function num(v, default)
   local n = tonumber(v)
@@ -91,40 +94,53 @@ local function num(v, default)
   return n
 end
 
--- 1. Heartbeat: every call proves this worker alive and counts the others.
-call('ZREMRANGEBYSCORE', workers, '-inf', now_ms)
-if op == 'leave' then
-  call('ZREM', workers, wid)
-else
-  call('ZADD', workers, ms_after(now + wttl), wid)
-end
-pexpire(workers, wttl * 2)
-local ids = call('ZRANGE', workers, 0, -1)
-local n = #ids
-if n < 1 then n = 1 end
--- This worker's place among the live ones: while the store is down, a scope
--- with fewer slots than workers is left to the first ones. Any order all
--- workers agree on will do; ids are compared byte by byte from their ends
--- (Lua's own '<' follows the server's locale). Worker ids end in a random
--- part, so the last bytes nearly always decide: from the front, the host
--- name they share cost a call per character, the script's largest cost
--- with eight workers. (Numeric loops: ipairs costs a C call per step.)
-local mine, lm = {byte(wid, 1, -1)}, #wid
-local rank = 0
-for j = 1, #ids do
-  local id = ids[j]
-  local li = #id
-  local less = li < lm
-  for k = 0, min(li, lm) - 1 do
-    local x, y = byte(id, li - k), mine[lm - k]
-    if x ~= y then
-      less = x < y
-      break
-    end
+-- 1. Heartbeat: a call carrying the worker ttl proves this worker alive and
+-- counts the others. A worker sends it at least every half heartbeat period,
+-- not on every call: with eight workers it was half of an acquire's time.
+-- Ended workers stay in the set until a heartbeat clears them; alive() is
+-- what every other use asks.
+local N = ''
+if wttl then
+  call('ZREMRANGEBYSCORE', workers, '-inf', now_ms)
+  if op == 'leave' then
+    call('ZREM', workers, wid)
+  else
+    call('ZADD', workers, ms_after(now + wttl), wid)
   end
-  if less then rank = rank + 1 end
+  pexpire(workers, wttl * 2)
+  local ids = call('ZRANGE', workers, 0, -1)
+  local n = #ids
+  if n < 1 then n = 1 end
+  -- This worker's place among the live ones: while the store is down, a scope
+  -- with fewer slots than workers is left to the first ones. Any order all
+  -- workers agree on will do; ids are compared byte by byte from their ends
+  -- (Lua's own '<' follows the server's locale). Worker ids end in a random
+  -- part, so the last bytes nearly always decide: from the front, the host
+  -- name they share cost a call per character, the script's largest cost
+  -- with eight workers. (Numeric loops: ipairs costs a C call per step.)
+  local mine, lm = {byte(wid, 1, -1)}, #wid
+  local rank = 0
+  for j = 1, #ids do
+    local id = ids[j]
+    local li = #id
+    local less = li < lm
+    for k = 0, min(li, lm) - 1 do
+      local x, y = byte(id, li - k), mine[lm - k]
+      if x ~= y then
+        less = x < y
+        break
+      end
+    end
+    if less then rank = rank + 1 end
+  end
+  N = tostring(n) .. ':' .. tostring(rank)
 end
-local N = tostring(n) .. ':' .. tostring(rank)
+
+-- A worker is alive while its end is ahead.
+local function alive(id)
+  local score = call('ZSCORE', workers, id)
+  return score ~= false and tonumber(score) > now_msn
+end
 
 -- Workers told a scope was full queue for it, in order, in the 'wq' field of
 -- its state hash (ids joined by spaces). A freed slot wakes the first live
@@ -173,7 +189,7 @@ local function first_waiter(skey, skip)
   for other in gmatch(queue, '%S+') do
     if who or other == skip then
       rest[#rest + 1] = other
-    elseif call('ZSCORE', workers, other) then
+    elseif alive(other) then
       who = other
     end
   end
@@ -197,7 +213,7 @@ local function read_claims(skey)
       if not id then
         id = word
       else
-        if tonumber(word) > now and call('ZSCORE', workers, id) then
+        if tonumber(word) > now and alive(id) then
           list[#list + 1] = id
           list[#list + 1] = word
         else

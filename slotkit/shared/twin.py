@@ -71,7 +71,7 @@ class TwinStore(TwinKeys):
         op = argv[0]
         now = float(argv[1]) if argv[1] != "" else float(self._clock.seconds())
         wid = argv[2]
-        wttl = float(argv[3])
+        wttl = float(argv[3]) if argv[3] != "" else None  # '': no heartbeat
         workers = keys[0]
         prefix = workers[:-1]
         channel = prefix + "ev"
@@ -118,18 +118,20 @@ class TwinStore(TwinKeys):
             # The next slot comes back in by what the interval shrank (see the script).
             state.tat = state.tat - (before - max(base, state.bo))
 
-        # 1. Heartbeat.
-        self._zremrange(workers, ms(now))
-        if op == "leave":
-            self._zset(workers).pop(wid, None)
-        else:
-            self._zadd(workers, ms_after(now + wttl), wid)
-        self._pexpire(workers, wttl * 2)
-        live = self._zset(workers)
-        n = max(1, len(live))
-        # Ids compared by their bytes from the end (see the script).
-        mine = wid.encode()[::-1]
-        count = f"{n}:{sum(1 for other in live if other.encode()[::-1] < mine)}"
+        # 1. Heartbeat, on the calls carrying the worker ttl (see the script).
+        count = ""
+        if wttl is not None:
+            self._zremrange(workers, ms(now))
+            if op == "leave":
+                self._zset(workers).pop(wid, None)
+            else:
+                self._zadd(workers, ms_after(now + wttl), wid)
+            self._pexpire(workers, wttl * 2)
+            live = self._zset(workers)
+            n = max(1, len(live))
+            # Ids compared by their bytes from the end (see the script).
+            mine = wid.encode()[::-1]
+            count = f"{n}:{sum(1 for other in live if other.encode()[::-1] < mine)}"
 
         # 2. Leases given back, riding on this call.
         nrel = int(argv[4])
@@ -145,7 +147,7 @@ class TwinStore(TwinKeys):
             if removed:
                 skey = keys[index - 2]
                 message = "free\t" + scope_of(lkey)
-                who = self._first_waiter(skey, workers, None)
+                who = self._first_waiter(skey, workers, None, now)
                 if who is not None:
                     self._name(skey, who, workers, now, message)
                 else:
@@ -172,7 +174,7 @@ class TwinStore(TwinKeys):
             for j in range(int(argv[o + 1])):
                 skey = keys[int(argv[o + 2 + j]) - 1]
                 self._drop_claims(skey, wid, workers, now)
-                who = self._first_waiter(skey, workers, wid)
+                who = self._first_waiter(skey, workers, wid, now)
                 if who is not None:
                     self._name(skey, who, workers, now, "free\t" + scope_of(skey))
 
@@ -388,7 +390,7 @@ class TwinStore(TwinKeys):
                 if status == "full":
                     self._enqueue(skey, wid, key_ttl)
             elif status != "ok":
-                who = self._first_waiter(skey, keys[0], wid)
+                who = self._first_waiter(skey, keys[0], wid, now)
                 if who is not None:
                     self._name(skey, who, keys[0], now, "free\t" + scope_of(skey))
         reply = [status, count, fmt(wait)]

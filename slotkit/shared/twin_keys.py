@@ -150,17 +150,21 @@ class TwinKeys:
         if queue is not None:
             self._write_list(skey, "wq", [other for other in queue.split() if other != member])
 
-    def _first_waiter(self, skey: str, workers: str, skip: str | None) -> str | None:
+    def _alive(self, workers: str, member: str, now: float) -> bool:
+        """Whether *member*'s end is ahead (ended workers stay until a heartbeat)."""
+        end = self._zset(workers).get(member)
+        return end is not None and end > math.floor(now * 1000)
+
+    def _first_waiter(self, skey: str, workers: str, skip: str | None, now: float) -> str | None:
         self._live(skey)
         queue = self.hashes.get(skey, {}).get("wq")
         if queue is None:
             return None
-        live = self._zset(workers)
         who, rest = None, []
         for other in queue.split():
             if who is not None or other == skip:
                 rest.append(other)
-            elif other in live:
+            elif self._alive(workers, other, now):
                 who = other
         self._write_list(skey, "wq", rest)
         return who
@@ -176,9 +180,8 @@ class TwinKeys:
         lapsed = False
         if raw is not None:
             words = raw.split()
-            live = self._zset(workers)
             for who, end in zip(words[::2], words[1::2], strict=True):
-                if float(end) > now and who in live:
+                if float(end) > now and self._alive(workers, who, now):
                     claims.append((who, end))
                 else:
                     lapsed = True
