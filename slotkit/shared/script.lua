@@ -124,7 +124,9 @@ if wttl then
     local id = ids[j]
     local li = #id
     local less = li < lm
-    for k = 0, min(li, lm) - 1 do
+    local common = lm
+    if less then common = li end
+    for k = 0, common - 1 do
       local x, y = byte(id, li - k), mine[lm - k]
       if x ~= y then
         less = x < y
@@ -464,20 +466,25 @@ if op == 'acquire' then
       amount = tonumber(ARGV[b + 1]), delay = tonumber(ARGV[b + 2]),
       conc = tonumber(ARGV[b + 3]), quota = tonumber(ARGV[b + 4]),
       window = tonumber(ARGV[b + 5]), cd = tonumber(ARGV[b + 6]),
-      factor = tonumber(ARGV[b + 7]), bmin = tonumber(ARGV[b + 8]),
-      bmax = tonumber(ARGV[b + 9]), bwin = tonumber(ARGV[b + 10]),
       jf = tonumber(ARGV[b + 11]), ron = tonumber(ARGV[b + 12]),
-      rlow = tonumber(ARGV[b + 13]), rfac = tonumber(ARGV[b + 14]),
-      rmin = tonumber(ARGV[b + 15]), rwin = tonumber(ARGV[b + 16]),
-      minc = tonumber(ARGV[b + 17]),
     }
     local skey, lkey = KEYS[2 * i], KEYS[2 * i + 1]
     local st = load(skey)
-    if a.ron > 0 then ramp(st, a) end
+    -- The rampup and backoff curve arguments are read only when in use
+    -- (parsing numbers is a good part of an acquire's work).
+    if a.ron > 0 then
+      a.rlow, a.rfac = tonumber(ARGV[b + 13]), tonumber(ARGV[b + 14])
+      a.rmin, a.rwin = tonumber(ARGV[b + 15]), tonumber(ARGV[b + 16])
+      a.minc = tonumber(ARGV[b + 17])
+      ramp(st, a)
+    end
     -- The larger of the stored and this worker's robots.txt Crawl-delay wins.
     if a.cd > st.cd then st.cd = a.cd end
     a.base = max(a.delay * a.jf, st.cd)
-    settle(st, a.base, a.factor, a.bmin, a.bwin)
+    -- (Without a backoff in force, settling changes nothing.)
+    if st.bo > 0 then
+      settle(st, a.base, tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]), tonumber(ARGV[b + 10]))
+    end
     a.interval = max(a.base, st.bo)
     call('ZREMRANGEBYSCORE', lkey, '-inf', now_ms)
     local held = call('ZCARD', lkey)
