@@ -26,6 +26,9 @@ Scenarios (each in fresh processes, against a fresh ``redis-server`` on 127.0.0.
               and re-synced.
 ``freeze``    the same with the server frozen (SIGSTOP) for 3 s, then thawed.
 
+``-s KEY=VALUE`` (repeatable) adds a Scrapy setting to every worker, e.g.
+``-s THROTTLING_REDIS_GC_FREEZE=false`` for an A/B run.
+
 Each scenario also reports how long each worker took to exit after its spider
 closed, the load average, and how busy the machine was (``machine``: CPU busy,
 time stolen by the hypervisor, time some runnable task waited for a CPU). Results go to stdout and
@@ -216,6 +219,7 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
     if shared:
         settings.update({"THROTTLING_REDIS_URL": redis.url, "THROTTLING_REDIS_NAMESPACE": "bench"})
         redis.log_every_command()
+    settings.update(extra_settings(args.setting))
     procs = []
     started = time.time()
     machine = MachineLoad()
@@ -317,6 +321,18 @@ def run(n: int, scenario: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def extra_settings(pairs: list[str]) -> dict[str, Any]:
+    """``-s KEY=VALUE`` options as settings (VALUE parsed as JSON when it can be)."""
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child")
@@ -325,6 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="shared_workers.json")
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument(
+        "-s",
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Scrapy setting for every worker (VALUE as JSON when it parses)",
+    )
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
