@@ -30,13 +30,14 @@ import argparse
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from slotkit.shared.redis_process import free_port, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "slotkit" / "shared" / "script.lua"
@@ -57,12 +58,6 @@ def acquire_argv(worker: str, lease: int, heartbeat: bool) -> list[str]:
     return [*head, f"l{lease}", fmt(60.0), fmt(30.0), fmt(600.0), "1", *scope]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def cost(source: str, workers: int, calls: int, heartbeat: bool) -> float | None:
     """Instructions per acquire of *source*, or None if the script refuses the call."""
     import redis
@@ -70,32 +65,11 @@ def cost(source: str, workers: int, calls: int, heartbeat: bool) -> float | None
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
-        server = subprocess.Popen(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                f"--callgrind-out-file={out}",
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        callgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        # Under valgrind the server starts some 50 times slower than natively.
+        server = start_redis("redis-server", port, tmp, timeout=120, wrapper=callgrind)
         try:
             client = redis.Redis(port=port)
-            for _ in range(200):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.1)
             sha = client.script_load(source)
             far = time.time() + 3600
             others = {f"{HOST}:{1000 + i}:{i:08x}": int(far * 1000) for i in range(workers - 1)}

@@ -32,15 +32,19 @@ def start_redis(
     directory: str | Path,
     timeout: float = 10.0,
     extra: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``redis-server`` on ``127.0.0.1:port``; return once it accepts connections.
 
     *extra* options come last and win (``--port 0 --tls-port N`` serves TLS only).
+    *wrapper* goes before the binary (``valgrind --tool=callgrind`` for the
+    cost benchmark; give it a longer *timeout*).
     Raises :class:`RuntimeError` (after killing it) if it exits or is not
     ready within *timeout* seconds.
     """
     process = subprocess.Popen(
         [
+            *wrapper,
             binary,
             "--port",
             str(port),
