@@ -95,9 +95,10 @@ def _exceptions(where: str, value: object) -> tuple[type[BaseException], ...]:
 
 
 def _factor(where: str, value: object) -> float:
-    factor = _number(where, value)
+    accepted = "a number > 1"
+    factor = _number(where, value, accepted=accepted)
     if factor <= 1.0:
-        raise SettingsError(f"{where} must be a number > 1 (got {_describe(value)})")
+        raise SettingsError(f"{where} must be {accepted} (got {_describe(value)})")
     return factor
 
 
@@ -106,12 +107,10 @@ MIN_WINDOW = 0.001
 
 
 def _window(value: object) -> float:
-    window = _number("BACKOFF_WINDOW", value)
+    accepted = f"0 (no recovery, no rampup) or a number >= {MIN_WINDOW:g}"
+    window = _number("BACKOFF_WINDOW", value, accepted=accepted)
     if 0 < window < MIN_WINDOW:
-        raise SettingsError(
-            f"BACKOFF_WINDOW must be 0 (no recovery, no rampup) or at least {MIN_WINDOW:g} "
-            f"(got {_describe(value)})"
-        )
+        raise SettingsError(f"BACKOFF_WINDOW must be {accepted} (got {_describe(value)})")
     return window
 
 

@@ -76,9 +76,10 @@ SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
 
 
 def positive(where: str, value: object) -> float:
-    number = _number(where, value)
+    accepted = "a number > 0"
+    number = _number(where, value, accepted=accepted)
     if number <= 0:
-        raise SettingsError(f"{where} must be a number > 0 (got {_describe(value)})")
+        raise SettingsError(f"{where} must be {accepted} (got {_describe(value)})")
     return number
 
 
@@ -176,11 +177,11 @@ def rampup_entry(where: str, value: object) -> dict[str, Any] | None:
         if key == "backoff_target":
             result[key] = parse_target(f"{where}['backoff_target']", item)
         elif key == "delay_factor":
-            factor = _number(f"{where}['delay_factor']", item)
+            accepted = "a number between 0 and 1, exclusive"
+            factor = _number(f"{where}['delay_factor']", item, accepted=accepted)
             if not 0 < factor < 1:
                 raise SettingsError(
-                    f"{where}['delay_factor'] must be a number between 0 and 1, exclusive "
-                    f"(got {_describe(item)})"
+                    f"{where}['delay_factor'] must be {accepted} (got {_describe(item)})"
                 )
             result[key] = factor
         else:

@@ -34,18 +34,25 @@ def _closest(key: str, choices: frozenset[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-def _number(where: str, value: object, *, minimum: float = 0.0) -> float:
-    """Return *value* as a finite float >= *minimum*, or raise naming *where*."""
+def _number(
+    where: str, value: object, *, minimum: float = 0.0, accepted: str | None = None
+) -> float:
+    """Return *value* as a finite float >= *minimum*, or raise naming *where*.
+
+    *accepted* describes what the caller really accepts (``"a number > 1"``)
+    when it checks more than *minimum* afterwards: a value that is no number
+    at all must be told the same range as one that is out of it.
+    """
+    accepted = accepted or f"a number >= {minimum:g}"
+    problem = f"{where} must be {accepted} (got {_describe(value)})"
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise SettingsError(f"{where} must be a number >= {minimum:g} (got {_describe(value)})")
+        raise SettingsError(problem)
     try:
         number = float(value)
     except (ValueError, OverflowError):
-        raise SettingsError(
-            f"{where} must be a number >= {minimum:g} (got {_describe(value)})"
-        ) from None
+        raise SettingsError(problem) from None
     if not math.isfinite(number) or number < minimum:
-        raise SettingsError(f"{where} must be a number >= {minimum:g} (got {_describe(value)})")
+        raise SettingsError(problem)
     return number
 
 

@@ -219,6 +219,30 @@ def test_bad_global_backoff_names_the_setting() -> None:
         ThrottlingSettings.from_settings(Settings({"BACKOFF_WINDOW": "soon"}))
 
 
+@pytest.mark.parametrize(
+    ("values", "accepted"),
+    [
+        ({"BACKOFF_DELAY_FACTOR": "x"}, "BACKOFF_DELAY_FACTOR must be a number > 1"),
+        ({"BACKOFF_DELAY_FACTOR": 1}, "BACKOFF_DELAY_FACTOR must be a number > 1"),
+        ({"BACKOFF_WINDOW": "soon"}, "BACKOFF_WINDOW must be 0 (no recovery, no rampup) or"),
+        ({"THROTTLING_SCOPES": {"api": {"window": -1}}}, "['window'] must be a number > 0"),
+        ({"THROTTLING_SCOPES": {"api": {"quota": "lots"}}}, "['quota'] must be a number > 0"),
+        (
+            {"THROTTLING_SCOPES": {"api": {"rampup": {"delay_factor": "half"}}}},
+            "['delay_factor'] must be a number between 0 and 1, exclusive",
+        ),
+    ],
+)
+def test_a_refused_value_is_told_the_range_really_accepted(
+    values: dict[str, object], accepted: str
+) -> None:
+    """Whether the value is no number or a number out of range, the message
+    states the one range accepted (a probe saw "x" told ">= 0" where > 1 holds)."""
+    with pytest.raises(SettingsError) as info:
+        ThrottlingSettings.from_settings(Settings(values))
+    assert accepted in str(info.value)
+
+
 def test_command_line_lists_are_read() -> None:
     """``-s BACKOFF_HTTP_CODES=429,503`` arrives as a string; it means the list."""
     config = ThrottlingSettings.from_settings(
