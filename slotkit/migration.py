@@ -117,11 +117,7 @@ def _autothrottle_changes(settings: BaseSettings) -> list[Change]:
             ),
             "from AUTOTHROTTLE_START_DELAY: the delay scopes start at",
         ),
-        Change(
-            "BACKOFF_MAX_DELAY",
-            settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0),
-            "from AUTOTHROTTLE_MAX_DELAY: the longest backoff",
-        ),
+        _max_delay_change(settings),
         Change(
             "example: THROTTLING_SCOPES",
             {"example.com": {"rampup": True}},
@@ -139,6 +135,22 @@ def _autothrottle_changes(settings: BaseSettings) -> list[Change]:
         )
     )
     return changes
+
+
+def _max_delay_change(settings: BaseSettings) -> Change:
+    # A BACKOFF_MAX_DELAY the project sets already wins at run time (see
+    # autothrottle_mapping): the report must not tell the user to overwrite it.
+    if _explicit(settings, "BACKOFF_MAX_DELAY"):
+        return Change(
+            "BACKOFF_MAX_DELAY",
+            settings.getfloat("BACKOFF_MAX_DELAY"),
+            "yours, kept: it wins over AUTOTHROTTLE_MAX_DELAY, which can go",
+        )
+    return Change(
+        "BACKOFF_MAX_DELAY",
+        settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0),
+        "from AUTOTHROTTLE_MAX_DELAY: the longest backoff",
+    )
 
 
 def migration_report(settings: BaseSettings) -> list[Change]:

@@ -61,6 +61,16 @@ def test_migrate_report_lists_every_change() -> None:
         assert expected in text
 
 
+def test_migrate_report_keeps_a_backoff_max_delay_the_project_sets() -> None:
+    """The project's own BACKOFF_MAX_DELAY wins at run time, so the report must
+    not tell the user to replace it with AUTOTHROTTLE_MAX_DELAY (an acceptance
+    probe saw ``BACKOFF_MAX_DELAY = 7.0`` printed over a project's 42)."""
+    values = {**AUTOTHROTTLE, "BACKOFF_MAX_DELAY": 42.0}
+    text = format_report(migration_report(Settings(values, priority="project")))
+    assert "BACKOFF_MAX_DELAY = 42.0" in text
+    assert "BACKOFF_MAX_DELAY = 7.0" not in text
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("extension", ["enabled", "disabled"])
 @pytest_twisted.ensureDeferred
