@@ -400,13 +400,17 @@ def _request_delay(request: Request) -> float:
     if not value or meta.get("_slotkit_delayed"):
         return 0.0
     meta["_slotkit_delayed"] = True
-    # An infinite delay would keep the crawl open forever.
-    seconds = finite_seconds(value)
+    # An infinite delay would keep the crawl open forever. Text is refused
+    # even when it reads as a number, as delay_scope() refuses it: "1" in a
+    # meta dict is more likely a bug upstream than a choice.
+    text = isinstance(value, (str, bytes))
+    seconds = None if text else finite_seconds(value)
     if seconds is None:
         logger.warning(
-            "Ignoring throttling_delay=%r of %s: expected a finite number of seconds >= 0",
+            "Ignoring throttling_delay=%r of %s: expected a finite number of seconds >= 0%s",
             value,
             request,
+            ", not text" if text else "",
         )
         return 0.0
     return seconds

@@ -125,8 +125,9 @@ async def test_per_request_delay_holds_one_request(mock_site: MockSite) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_a_bad_per_request_delay_is_ignored_with_a_warning(mock_site: MockSite) -> None:
-    """Acceptance probe: ``inf`` was taken as a delay, and the crawl never ended by itself."""
-    bad: list[Any] = [float("inf"), float("nan"), -3, True, "abc", 1e400]
+    """Acceptance probes: ``inf`` was taken as a delay, and the crawl never ended by
+    itself; the text ``"1"`` was taken as 1 s without a word (delay_scope refuses it)."""
+    bad: list[Any] = [float("inf"), float("nan"), -3, True, "abc", 1e400, "1"]
     urls = [
         {"url": mock_site.url("127.0.0.1", f"/page/{i}"), "meta": {"throttling_delay": value}}
         for i, value in enumerate(bad)
