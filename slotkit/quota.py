@@ -17,6 +17,7 @@ only tighten the count (see ``ThrottlingScopeManager.reconcile_quota``).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -29,6 +30,10 @@ __all__ = ["Quota", "quota_head_start"]
 
 #: Float slack when comparing unit sums.
 EPSILON = 1e-9
+
+
+def _expiry(entry: tuple[float, float]) -> float:
+    return entry[0]
 
 
 class Quota:
@@ -105,9 +110,14 @@ class Quota:
     def spend(self, now: float, amount: float, expires_in: float | None = None) -> None:
         """Count *amount* units (negative gives units back) for one window from *now*."""
         expires_at = now + (self.window if expires_in is None else expires_in)
-        if self._entries and expires_at < self._entries[-1][0]:
-            expires_at = self._entries[-1][0]  # keep expiry order; errs on the safe side
-        self._entries.append((expires_at, amount))
+        entries = self._entries
+        if entries and expires_at < entries[-1][0]:
+            # Shorter-lived units (a server's reset) go in expiry order: pushed
+            # back to the last expiry, a 2 s reset would hold for a window.
+            index = bisect.bisect_right(entries, expires_at, key=_expiry)
+            entries.insert(index, (expires_at, amount))
+        else:
+            entries.append((expires_at, amount))
         self._used += amount
 
     def snapshot(self, now: float) -> tuple[float, float]:

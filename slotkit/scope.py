@@ -272,13 +272,22 @@ class ThrottlingScopeManager:
         the server's figure would let each window overspend by the requests
         in flight (measured: 23 per window against a limit of 20 at
         concurrency 4). *consumed* adds (or gives back) units.
+
+        Units the server counts beyond the local ones stay counted one
+        window, except when the server says its quota is spent: then the
+        hold its announced reset put on the scope (applied just before, see
+        :mod:`slotkit.feedback`) says when the server counts afresh, and they
+        expire with that hold instead of holding a 60 s window for a 2 s reset.
         """
         if self.quota is None:
             return
         if remaining is not None:
             deficit = (self.quota.limit - remaining) - self.quota.used(now)
             if deficit > 0:
-                self.quota.spend(now, deficit)
+                expires_in = None
+                if remaining <= 0 and self.hold_until > now:
+                    expires_in = min(self.quota.window, self.hold_until - now)
+                self.quota.spend(now, deficit, expires_in)
         elif consumed:
             self.quota.spend(now, consumed)
 

@@ -645,6 +645,45 @@ def test_a_servers_request_count_is_not_applied_to_a_cost_scope():
     assert backoff["a.example"].remaining == 3.0
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"},
+        {"RateLimit-Remaining": "0", "RateLimit-Reset": "2"},
+        {"RateLimit": "limit=100, remaining=0, reset=2"},
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_quota_the_server_reports_spent_opens_at_its_reset(headers):
+    """A server that says its quota is spent and resets in 2 s holds the scope
+    2 s, not the scope's whole window: an acceptance probe saw a 60 s window
+    hold the crawl 60 s after ``remaining=0, reset=2``."""
+    downloader, clock = make_downloader(
+        {"THROTTLING_SCOPES": {"a.example": {"quota": 100, "window": 60}}}
+    )
+    handler = handler_of(downloader)
+    first = Request("https://a.example/1")
+    box = outcome(downloader.fetch(first))
+    await settle()
+    (_, pending) = handler.pending.pop()
+    pending.callback(Response(first.url, headers=headers, request=first))
+    await settle()
+    assert box
+    assert not isinstance(box[0], Failure)
+    manager = downloader.registry.get("a.example").manager
+    assert manager.can_send(clock.seconds()) == pytest.approx(2.0)
+    clock.advance(2.0)
+    assert manager.can_send(clock.seconds()) == 0.0
+    second = outcome(downloader.fetch(Request("https://a.example/2")))
+    await settle()
+    assert handler.started[-1] == "https://a.example/2"
+    handler.finish("https://a.example/2")
+    await settle()
+    assert second
+    assert not isinstance(second[0], Failure)
+    downloader.close()
+
+
 def test_an_entry_keyed_host_and_port_names_that_ports_scope(caplog):
     """Default scopes are host names, but an entry keyed 'host:port' (as the spec's
     recipes name sites) gives that port's requests their own scope, without a warning."""

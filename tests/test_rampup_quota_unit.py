@@ -264,6 +264,18 @@ def test_reconcile_consumed_and_remaining() -> None:
     assert scope.quota.used(0.0) == 5.0
 
 
+def test_a_spent_server_quota_expires_at_its_reset_after_older_units() -> None:
+    """Units the server reports spent, held by its 2 s reset, come back at the
+    reset even when units of requests that ended earlier expire a window later."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
+    for sent in (0.0, 1.0):
+        send(scope, sent)
+    scope.record_backoff(2.0, now=1.0)  # the hold the server's reset asks for
+    scope.reconcile_quota(remaining=0.0, now=1.0)
+    assert scope.can_send(1.0) == pytest.approx(2.0)
+    assert scope.can_send(3.0) == 0.0
+
+
 def test_scope_with_quota_spent_is_not_idle() -> None:
     """A scope is kept while its window still counts spent quota."""
     scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)

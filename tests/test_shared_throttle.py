@@ -335,6 +335,32 @@ async def test_quota_windows_are_aligned_for_all_workers():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_quota_the_server_reports_spent_opens_at_its_reset_for_every_worker():
+    """``remaining=0, reset=2`` holds every worker 2 s, not to the end of a 60 s window.
+
+    The feedback applies the reset's hold first, then the server's count; the
+    count must not keep the store's window shut after the server counts afresh.
+    """
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    spec = {"delay": 0.0, "concurrency": 10, "quota": 100.0, "window": 60.0}
+    ta = await reserve_now(a, "http://q/0", [a.scope("q", **spec)])
+    token = current_pass.set(ta)
+    manager = a.scopes["q"].manager
+    manager.record_backoff(2.0, a.clock.seconds())
+    manager.reconcile_quota(None, 0.0, a.clock.seconds())
+    current_pass.reset(token)
+    await settle()
+    held_at = cluster.clock.seconds()
+    pending = cluster.fetch(b, "http://q/1", [b.scope("q", **spec)])
+    await cluster.run_for(3.0, step=0.1)
+    assert pending.done()
+    ((went, _),) = b.sent
+    assert held_at + 2.0 - 1e-6 <= went <= held_at + 2.2
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_larger_crawl_delay_wins():
     """A worker that knows a robots.txt Crawl-delay slows every worker to it."""
     cluster = Cluster(2)

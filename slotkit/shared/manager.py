@@ -205,6 +205,12 @@ class SharedScopeManager:
         self.fallback.reconcile_quota(consumed, remaining, now)
         if self.quota is None or self.throttle is None or self.scope_id is None:
             return
+        if remaining is not None and remaining <= 0 and now < self.hold_until:
+            # A spent quota with a reset: the shared hold the reset put on the
+            # scope (just before) stops every worker until the server counts
+            # afresh; stored as spent, the count would keep the store's
+            # aligned window shut long after that.
+            return
         self.throttle.reconcile_quota(self, consumed, remaining)
 
     def set_base_delay(self, delay: float) -> None:
