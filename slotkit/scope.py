@@ -159,6 +159,12 @@ class ThrottlingScopeManager:
                 # A rampup step at the window's end may raise the concurrency.
                 return rampup.window_end - now  # > 0: _settle closed every ended window
             return math.inf
+        if self._opening and self.active and self.current_delay > 0:
+            # The gap after a scope's first request runs from its end (see
+            # record_done): counted from its send, a response slower than the
+            # delay let the second request reach the server a few
+            # milliseconds short of the delay after the first (probe: 4-7 ms).
+            return math.inf
         wait = self.next_allowed - now
         if self.quota is not None:
             wait = max(wait, self.quota.wait(now, 1.0 if amount is None else amount))

@@ -97,6 +97,7 @@ def test_wait_never_passes_the_next_recovery() -> None:
     config = BackoffConfig(jitter=(0.0, 0.0), window=10.0, min_delay=100.0, max_delay=300.0)
     scope = make_scope(backoff=config)
     scope.record_sent(0.0)
+    scope.record_done(0.0)  # the gap after a scope's first request runs from its end
     scope.record_backoff(None, now=0.0)
     scope.record_backoff(None, now=0.0)
     assert scope.backoff_delay == 200.0

@@ -63,6 +63,39 @@ async def test_delay_is_a_minimum_gap_per_host(mock_site: MockSite) -> None:
     assert abs(first["127.0.0.1"] - first["127.0.0.2"]) < DELAY
 
 
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        {},
+        {
+            "SCHEDULER": "slotkit.scheduler.ThrottlingAwareScheduler",
+            "SCHEDULER_PRIORITY_QUEUE": "slotkit.pqueue.ThrottlingAwarePriorityQueue",
+        },
+    ],
+    ids=["stock-scheduler", "throttling-aware-scheduler"],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_first_response_slower_than_the_delay_holds_the_second_request(
+    mock_site: MockSite, scheduler: dict[str, str]
+) -> None:
+    """Acceptance probe (DOWNLOAD_DELAY 0.3, 0.4 s responses): the second request
+    reached the server 4-7 ms short of the delay after the first, which had
+    also opened the connection. It waits for the first's end now."""
+    delay, answer = 0.3, 0.4
+    urls = [mock_site.url("127.0.0.1", f"/page/{i}", delay=answer) for i in range(3)]
+    settings = {
+        **SLOTKIT,
+        **scheduler,
+        "DOWNLOAD_DELAY": delay,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 3
+    arrivals = mock_site.recorder.arrivals("127.0.0.1")
+    assert arrivals[1] - arrivals[0] >= answer + delay
+    assert arrivals[2] - arrivals[1] >= delay - 0.001
+
+
 @pytest_twisted.ensureDeferred
 async def test_throttling_scopes_meta_shares_a_custom_scope(mock_site: MockSite) -> None:
     """Requests to two hosts in one custom scope share its concurrency of 1."""

@@ -300,6 +300,9 @@ def test_scope_repr_shows_live_state():
     gate = Gate(clock)
     scope = Scope("example.com", ThrottlingScopeManager(2, delay=1.5))
     assert repr(scope) == "<Scope 'example.com' active=0/2 delay=1.50s waiting=0>"
+    # Not the scope's first request (whose gap waits for its end, with no timer).
+    scope.manager.record_sent(-100.0)
+    scope.manager.record_done(-100.0)
     for index in range(3):
         gate.acquire(Request(f"https://example.com/{index}"), [scope], [None])
     text = repr(scope)

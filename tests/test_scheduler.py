@@ -425,8 +425,10 @@ def test_what_the_queue_hands_out_passes_the_gate_at_once() -> None:
     assert queue.pop_ready() is None  # in transit to a scope with a delay
     engine.arrive(first)
     assert queue.pop_ready() is None
-    assert queue.next_ready_in() == ONE_DELAY
+    assert queue.next_ready_in() == math.inf  # a scope's first gap runs from its end
     engine.finish(first)
+    assert queue.pop_ready() is None
+    assert queue.next_ready_in() == ONE_DELAY
     clock.advance(ONE_DELAY)
     second = queue.pop_ready()
     engine.fetch(second)
@@ -529,12 +531,12 @@ def test_scheduler_holds_back_and_wakes_the_engine_once_when_due() -> None:
     first = scheduler.next_request()
     engine.fetch(first)
     engine.arrive(first)
+    engine.finish(first)  # at once: a scope's first gap runs from its end
     assert scheduler.next_request() is None
     assert scheduler.next_request() is None
     assert scheduler.has_pending_requests()
     assert len(clock.getDelayedCalls()) == 1
     assert clock.getDelayedCalls()[0].getTime() == clock.seconds() + ONE_DELAY
-    engine.finish(first)
     clock.advance(ONE_DELAY - 0.001)
     assert nextcall.scheduled == 0
     clock.advance(0.001)
@@ -562,6 +564,7 @@ def test_timer_moves_earlier_but_never_multiplies() -> None:
         request = scheduler.next_request()
         engine.fetch(request)
         engine.arrive(request)
+        engine.finish(request)  # at once: a scope's first gap runs from its end
     assert scheduler.next_request() is None
     calls = clock.getDelayedCalls()
     assert len(calls) == 1

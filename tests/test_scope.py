@@ -128,6 +128,8 @@ def test_amount_is_ignored_without_quota():
 def test_delay_gap_is_exact():
     """After a dispatch the next one may go exactly `delay` seconds later, not before."""
     scope = make_scope(concurrency=8, delay=ONE_DELAY)
+    scope.record_sent(0.0, None)  # the scope's first request: see below
+    scope.record_done(0.0)
     scope.record_sent(10.0, None)
     assert scope.can_send(10.0, None) == ONE_DELAY
     assert scope.can_send(10.25, None) == pytest.approx(0.75)
@@ -157,6 +159,29 @@ def test_the_gap_after_a_scopes_first_request_runs_from_its_end():
     assert scope.can_send(1.8, None) == pytest.approx(0.5)  # from the dispatch again
 
 
+def test_a_slow_first_request_holds_the_second_until_it_ends():
+    """Acceptance probe: with a response slower than the delay, the second request
+    went a delay after the first's send and reached the server 4-7 ms short of
+    the delay after it (the first also opened the connection). It waits for the
+    first's end now, then the delay, as documented."""
+    scope = make_scope(concurrency=8, delay=0.3)
+    scope.record_sent(0.0, None)
+    assert scope.can_send(0.3, None) == math.inf  # still in flight: its end is not known
+    scope.record_done(0.4)
+    assert scope.can_send(0.4, None) == pytest.approx(0.3)
+    scope.record_sent(0.7, None)
+    assert scope.can_send(0.7, None) == pytest.approx(0.3)  # from dispatches again
+    scope.record_sent(1.0, None)  # both in flight: the gap no longer waits for ends
+    assert scope.can_send(1.0, None) == pytest.approx(0.3)
+
+
+def test_without_a_delay_the_first_request_holds_nothing():
+    """Only a delay has a gap to protect: concurrency alone sends in parallel at once."""
+    scope = make_scope(concurrency=8, delay=0.0)
+    scope.record_sent(0.0, None)
+    assert scope.can_send(0.0, None) == 0.0
+
+
 def test_first_dispatch_has_no_delay():
     """A delay only separates two dispatches: the first one goes at once."""
     scope = make_scope(delay=LONG_HOLD)
@@ -167,6 +192,7 @@ def test_set_base_delay_applies_to_the_running_gap():
     """Changing the delay at run time moves the end of the current gap."""
     scope = make_scope(concurrency=8, delay=ONE_DELAY)
     scope.record_sent(0.0, None)
+    scope.record_done(0.0)  # a first request that ended at once (see above)
     scope.set_base_delay(3.0)
     assert scope.delay == 3.0
     assert scope.can_send(1.0, None) == 2.0
@@ -189,6 +215,7 @@ def test_jitter_factor_drawn_once_per_dispatch():
     rng = FakeRandom(0.25, -0.5)
     scope = make_scope(concurrency=8, delay=ONE_DELAY, jitter=(-0.5, 0.5), rng=rng)
     scope.record_sent(0.0, None)
+    scope.record_done(0.0)  # a first request that ended at once (see above)
     assert rng.calls == [(-0.5, 0.5)]
     answers = {scope.can_send(0.0, None) for _ in range(10)}
     assert answers == {1.25}
@@ -221,6 +248,7 @@ def test_no_jitter_draws_nothing():
     rng = FakeRandom()
     scope = make_scope(concurrency=8, delay=ONE_DELAY, rng=rng)
     scope.record_sent(0.0, None)
+    scope.record_done(0.0)  # a first request that ended at once (see above)
     assert scope.can_send(0.0, None) == ONE_DELAY
     assert rng.calls == []
 
@@ -279,6 +307,7 @@ def test_hold_and_delay_combine_as_the_later_deadline():
     """The next dispatch waits for whichever ends later, the delay gap or the hold."""
     scope = make_scope(concurrency=8, delay=3.0)
     scope.record_sent(0.0, None)
+    scope.record_done(0.0)  # a first request that ended at once (see above)
     scope.record_backoff(1.0, 0.0)
     assert scope.can_send(0.0, None) == 3.0
     scope.record_backoff(LONG_HOLD, 0.0)
