@@ -25,6 +25,7 @@ from scrapy import signals
 from scrapy.utils.httpobj import urlparse_cached
 
 from slotkit.scope_ids import netloc_keys, netloc_of
+from slotkit.settings import CAPPED_SOURCE, UNCAPPED_CONCURRENCY_SOURCE
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -65,10 +66,15 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
         # The site asked for at least this gap: jitter may lengthen it, never
         # shorten it (RANDOMIZE_DOWNLOAD_DELAY's ±50% would go to half).
         jitter = (0.0, max(0.0, jitter[1]))
-    if sources.get("concurrency") in EXPLICIT:
+    origin = sources.get("concurrency")
+    if origin == CAPPED_SOURCE:
+        # A configured 32 capped by CONCURRENT_REQUESTS = 16 is still configured
+        # (a probe saw it silently replaced by robots.txt's 1).
+        origin = sources.get(UNCAPPED_CONCURRENCY_SOURCE)
+    if origin in EXPLICIT:
         if concurrency > 1:
             faster.append(f"concurrency {concurrency} (robots.txt implies 1)")
-            origins.add(sources["concurrency"])
+            origins.add(origin)
     else:
         concurrency = 1
         sources["concurrency"] = ROBOTS

@@ -68,6 +68,12 @@ def _dict_setting(settings: BaseSettings, name: str) -> Any:
     return value
 
 
+#: Source of a concurrency that ``CONCURRENT_REQUESTS`` capped.
+CAPPED_SOURCE = "CONCURRENT_REQUESTS (cap)"
+#: Key of ``ScopeConfig.sources`` saying where a capped concurrency came from.
+UNCAPPED_CONCURRENCY_SOURCE = "concurrency before the cap"
+
+
 @dataclass(frozen=True, slots=True)
 class ScopeConfig:
     """The resolved configuration of one scope, handed to its scope manager."""
@@ -361,7 +367,9 @@ class ThrottlingSettings:
         concurrency = values["concurrency"]
         if self.total_concurrency and concurrency > self.total_concurrency:
             concurrency = self.total_concurrency
-            sources["concurrency"] = "CONCURRENT_REQUESTS (cap)"
+            # Robots.txt keeps a value configured for this scope, capped or not.
+            sources[UNCAPPED_CONCURRENCY_SOURCE] = sources.get("concurrency", "default")
+            sources["concurrency"] = CAPPED_SOURCE
         return ScopeConfig(
             concurrency=concurrency,
             delay=values["delay"],

@@ -252,6 +252,30 @@ def test_crawl_delay_warning_names_the_setting_and_how_to_silence_it() -> None:
     assert apply_crawl_delay(config, 5.0)[1] is None
 
 
+def test_a_configured_concurrency_capped_by_concurrent_requests_is_kept_over_robots() -> None:
+    """Acceptance probe: a THROTTLING_SCOPES concurrency of 32 under
+    CONCURRENT_REQUESTS = 16 was taken for a default, silently replaced by the
+    1 robots.txt implies; 16 is kept, with the warning a configured value gets."""
+    from scrapy.settings import Settings
+
+    from slotkit.robots import apply_crawl_delay
+    from slotkit.settings import ThrottlingSettings
+
+    settings = {"CONCURRENT_REQUESTS": 16, "THROTTLING_SCOPES": {HOST: {"concurrency": 32}}}
+    config = ThrottlingSettings.from_settings(Settings(settings)).scope_config(HOST, "domain")
+    updated, warning = apply_crawl_delay(config, 0.3)
+    assert updated.concurrency == 16
+    assert warning is not None
+    assert warning.startswith("concurrency 16 (robots.txt implies 1)")
+    assert "configured in THROTTLING_SCOPES;" in warning
+    # A default capped by CONCURRENT_REQUESTS is still robots.txt's to set.
+    settings = {"CONCURRENT_REQUESTS": 4, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
+    config = ThrottlingSettings.from_settings(Settings(settings)).scope_config(HOST, "domain")
+    updated, warning = apply_crawl_delay(config, 0.3)
+    assert updated.concurrency == 1
+    assert warning is None
+
+
 @pytest.mark.parametrize("table", ["THROTTLING_SCOPES", "DOWNLOAD_SLOTS"])
 @pytest_twisted.ensureDeferred
 async def test_an_entry_named_host_port_applies_to_that_port(
