@@ -150,8 +150,11 @@ class ThrottlingManager:
           triggered; a wait hint in the headers (``Retry-After``,
           ``RateLimit``, ``X-RateLimit-*`` ...) becomes its hard minimum.
         * Every scope with a quota takes the server's remaining count
-          (``RateLimit`` / ``X-RateLimit-Remaining``) as the truth, and an
-          exhausted quota holds the scope until the reported reset.
+          (``RateLimit`` / ``X-RateLimit-Remaining``) as the truth.
+        * A server that says its quota is spent (remaining ``0``) and when it
+          resets holds every scope the request spends one unit in until
+          then, with or without a quota configured: the next request would
+          only be answered 429.
         * Responses served from HttpCacheMiddleware's cache and requests with
           the ``throttling_dont_track`` meta never change anything.
         """
@@ -171,18 +174,17 @@ class ThrottlingManager:
             trigger = controller.backoff_config(scope_id).is_trigger_status(response.status)
             # Rate-limit headers count requests: a scope this request spends a
             # cost in (the spec's cost recipe) is reconciled by its own rules.
-            quota = controller.has_quota(scope_id) and controller.counts_requests(request, scope_id)
-            if not (trigger or quota):
+            counted = controller.counts_requests(request, scope_id)
+            if not (trigger or counted):
                 continue
             if hint is None:  # parsed only when some scope can use it
                 hint = self._hint(response)
                 wait = self.get_response_delay(response)
             record = ScopeBackoff(trigger=trigger, delay=wait if trigger else None)
-            if quota and hint.remaining is not None:
-                exhausted_wait = hint.delay if hint.remaining == 0 else None
-                record = replace(
-                    record, remaining=hint.remaining, delay=record.delay or exhausted_wait
-                )
+            if counted and hint.exhausted and record.delay is None:
+                record = replace(record, delay=hint.delay)
+            if counted and hint.remaining is not None and controller.has_quota(scope_id):
+                record = replace(record, remaining=hint.remaining)
             if record != _NOTHING:
                 result[scope_id] = record
         return AwaitableDict(result)

@@ -684,6 +684,41 @@ async def test_a_quota_the_server_reports_spent_opens_at_its_reset(headers):
     downloader.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_spent_server_quota_holds_a_scope_without_a_quota_until_its_reset():
+    """A 200 saying ``remaining 0, reset 2`` holds the scope 2 s though no quota is
+    configured: the next request would only be answered 429 (the demo's API site
+    answered 25 of 146 requests 429 before). A cost scope is left alone."""
+    downloader, clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 3})
+    handler = handler_of(downloader)
+    request = Request("https://a.example/1")
+    box = outcome(downloader.fetch(request))
+    await settle()
+    downloader._scope_ids[request] = {"a.example": None, "cost": 5.0}
+    downloader.registry.get("cost")
+    (_, pending) = handler.pending.pop()
+    headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"}
+    pending.callback(Response(request.url, headers=headers, request=request))
+    await settle()
+    assert box
+    assert not isinstance(box[0], Failure)
+    now = clock.seconds()
+    assert downloader.registry.get("a.example").manager.can_send(now) == pytest.approx(2.0)
+    assert downloader.registry.get("cost").manager.can_send(now) == 0.0
+    stats = downloader.crawler.stats.get_stats()
+    assert stats.get("throttling/backoff/header_hints") == 1
+    # Remaining 1 is no reason to wait.
+    second = Request("https://b.example/1")
+    outcome(downloader.fetch(second))
+    await settle()
+    (_, pending) = handler.pending.pop()
+    headers = {"X-RateLimit-Remaining": "1", "X-RateLimit-Reset": "2"}
+    pending.callback(Response(second.url, headers=headers, request=second))
+    await settle()
+    assert downloader.registry.get("b.example").manager.can_send(clock.seconds()) == 0.0
+    downloader.close()
+
+
 def test_an_entry_keyed_host_and_port_names_that_ports_scope(caplog):
     """Default scopes are host names, but an entry keyed 'host:port' (as the spec's
     recipes name sites) gives that port's requests their own scope, without a warning."""
