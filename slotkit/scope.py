@@ -113,7 +113,8 @@ class ThrottlingScopeManager:
         self.delay = delay
         self.jitter = jitter
         self.active = 0
-        #: When the last request was dispatched (``None`` before the first).
+        #: Where the running gap starts (``None`` before the first dispatch):
+        #: the last dispatch, or later (the first request's end, a backoff step).
         self.last_sent: float | None = None
         self.last_done: float | None = None
         self.hold_until = NEVER
@@ -264,6 +265,12 @@ class ThrottlingScopeManager:
             # The gap already running is redrawn with the backoff jitter, so
             # requests that backed off together do not come back in lockstep.
             self._factor = self._draw_factor()
+            # ... and it runs from the trigger: counted from the failed
+            # request's dispatch, a timeout longer than the backoff delay
+            # left nothing of it (a probe saw a 0.25 s timeout retried
+            # 0.15 s after it failed, with a backoff delay of 0.4 s).
+            if self.last_sent is not None and now > self.last_sent:
+                self.last_sent = now
         if self.backoff_delay is not None and self.backoff.window > 0:
             self.recovers_at = now + self.backoff.window
 

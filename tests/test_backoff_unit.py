@@ -81,15 +81,31 @@ def test_backoff_starts_from_the_configured_delay() -> None:
 
 
 def test_gap_uses_backoff_delay() -> None:
-    """During backoff the gap between dispatches is the backoff delay."""
+    """During backoff the gap is the backoff delay: from the trigger, then between dispatches."""
     scope = make_scope()
     scope.record_sent(-5.0)  # the scope's first request (its gap runs from its end)
     scope.record_done(-5.0)
     scope.record_sent(0.0)
     scope.record_done(0.1)
     scope.record_backoff(None, now=0.1)
-    assert scope.can_send(0.1) == pytest.approx(0.9)
-    assert scope.can_send(1.0) == 0.0
+    assert scope.can_send(0.1) == pytest.approx(1.0)
+    assert scope.can_send(1.1) == 0.0
+    scope.record_sent(1.1)
+    assert scope.can_send(1.1) == pytest.approx(1.0)
+
+
+def test_a_step_after_a_slow_failure_still_waits_its_delay() -> None:
+    """A timeout after 0.25 s with a 0.4 s backoff delay: the next request waits
+    0.4 s from the failure (a probe saw it go 0.15 s after, the gap counted from
+    the failed request's dispatch)."""
+    config = BackoffConfig(jitter=(0.0, 0.0), min_delay=0.4)
+    scope = make_scope(backoff=config)
+    scope.record_sent(-5.0)
+    scope.record_done(-5.0)
+    scope.record_sent(0.0)
+    scope.record_backoff(None, now=0.25)
+    scope.record_done(0.25)
+    assert scope.can_send(0.25) == pytest.approx(0.4)
 
 
 def test_wait_never_passes_the_next_recovery() -> None:

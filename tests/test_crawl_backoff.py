@@ -67,6 +67,26 @@ async def test_burst_of_429s_is_one_backoff_step(mock_site: MockSite) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_timeout_gives_the_site_the_whole_backoff_delay(mock_site: MockSite) -> None:
+    """A probe: with a 0.25 s timeout and a 0.4 s backoff step, the retry reached the
+    server 0.15 s after the failure (the gap counted from the failed dispatch)."""
+    timeout, step = 0.25, 0.4
+    settings = {
+        **SLOTKIT,
+        "DOWNLOAD_TIMEOUT": timeout,
+        "BACKOFF_MIN_DELAY": step,
+        "RETRY_TIMES": 1,
+    }
+    # A page first: the gap after a scope's first request runs from its end anyway.
+    urls = [mock_site.url(HOST, "/page/0"), mock_site.url(HOST, "/hang")]
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert result.stats["throttling/backoff/steps"] == 2
+    arrivals = mock_site.recorder.arrivals(HOST, "/hang")
+    assert len(arrivals) == 2
+    assert arrivals[1] - arrivals[0] >= timeout + step - EPSILON
+
+
+@pytest_twisted.ensureDeferred
 async def test_retry_after_seconds_is_a_hard_minimum(mock_site: MockSite) -> None:
     """After `Retry-After: 1` nothing reaches the scope for 1 s, and then it resumes at once."""
     mock_site.set_behaviour(HOST, fail_first(1, 429, {"Retry-After": "1"}))
