@@ -373,16 +373,17 @@ def test_backoff_recovery_brings_the_next_slot_back_in(client, store):
     t = 1_700_000_000.0
     assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
     run(keys("s"), backoff_argv(t + 0.01, "w", -1.0, 0.0, delay=0.1, bwin=1.0))  # 0.1 -> 1 s
-    assert float(run(keys("s"), acquire_argv(t + 0.02, "w", "l2", [s]))[2]) == pytest.approx(0.98)
-    # The next backed-off slot (t + 2.0) is past the step down at t + 1.01: not
+    # The new interval from the step (t + 0.01), as in one process.
+    assert float(run(keys("s"), acquire_argv(t + 0.02, "w", "l2", [s]))[2]) == pytest.approx(0.99)
+    # The next backed-off slot (t + 2.01) is past the step down at t + 1.01: not
     # reserved at that pace; the worker asks again once the backoff stepped down.
     reply = run(keys("s"), acquire_argv(t + 0.03, "w", "l3", [s]))
     assert reply[0] == "wait"
     assert float(reply[2]) == pytest.approx(0.98)
-    # Then: 0.1 s after the last reserved slot (t + 1.0), not the backed-off 1 s.
+    # Then: 0.1 s after the last reserved slot (t + 1.01), not the backed-off 1 s.
     reply = run(keys("s"), acquire_argv(t + 1.02, "w", "l4", [s]))
     assert reply[0] == "ok"
-    assert float(reply[2]) == pytest.approx(1.1 - 1.02)
+    assert float(reply[2]) == pytest.approx(1.11 - 1.02)
 
 
 def _four_reserved(run, s, t):

@@ -646,9 +646,9 @@ if op == 'backoff' then
         if after > before then
           -- The workers give back the reservations they wait on (the "step"
           -- message) and ask again: the next slot is the new interval after
-          -- the last reserved one, but no later than the new interval from
-          -- now (the slots given back are not kept).
-          st.tat = min(st.tat + (after - before), now + after)
+          -- the trigger, as in one process (after a timeout longer than the
+          -- interval, counted from the last reservation it left no rest).
+          st.tat = now + after
           call('PUBLISH', channel, 'step\t' .. scope_of(skey))
         end
       end

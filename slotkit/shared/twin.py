@@ -223,7 +223,7 @@ class TwinStore(TwinKeys):
                         after = max(base, st.bo)
                         if after > before:
                             # Reservations given back on "step" (see the script).
-                            st.tat = min(st.tat + (after - before), now + after)
+                            st.tat = now + after  # from the trigger (see the script)
                             self.publish(channel, "step\t" + scope_of(skey))
                     st.ss = now
                     outcome = "step"
