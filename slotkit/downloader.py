@@ -328,8 +328,10 @@ class Downloader(ScopeControl, SpiderClosing):
         The outcome is applied to the scopes *before* the ticket is released,
         so no waiter slips through between the release and the backoff.
         """
-        self.gate.started(ticket)
         try:
+            # Inside: a scope manager's record_started that raises must not
+            # leak the ticket (its scopes would stay full for good).
+            self.gate.started(ticket)
             try:
                 response: Response = await self.handlers.download_request_async(request)
             except Exception as exc:

@@ -80,6 +80,11 @@ class Feedback:
                     scope, ticket, now, reason, hinted=record.delay is not None
                 )
             if record.consumed is not None or record.remaining is not None:
+                # An optional hook (the interface's reconcile_quota takes no
+                # reset): a spent count lasts until the server's reset.
+                resets = getattr(scope.manager, "record_quota_reset", None)
+                if record.reset is not None and resets is not None:
+                    resets(record.reset, now)
                 scope.manager.reconcile_quota(record.consumed, record.remaining, now)
                 changed = True
             if changed:

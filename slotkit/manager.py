@@ -184,7 +184,7 @@ class ThrottlingManager:
             if counted and hint.exhausted and record.delay is None:
                 record = replace(record, delay=hint.delay)
             if counted and hint.remaining is not None and controller.has_quota(scope_id):
-                record = replace(record, remaining=hint.remaining)
+                record = replace(record, remaining=hint.remaining, reset=hint.reset)
             if record != _NOTHING:
                 result[scope_id] = record
         return AwaitableDict(result)

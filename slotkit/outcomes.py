@@ -18,13 +18,15 @@ class ScopeBackoff:
 
     ``trigger``: slow the scope down one backoff step. ``delay``: hold it at
     least this many seconds (a server hint). ``consumed`` / ``remaining``:
-    correct its quota bookkeeping.
+    correct its quota bookkeeping. ``reset``: with ``remaining``, the seconds
+    until the server counts afresh (what a spent count lasts).
     """
 
     trigger: bool = False
     delay: float | None = None
     consumed: float | None = None
     remaining: float | None = None
+    reset: float | None = None
 
 
 #: What ``get_response_backoff`` returns: ``None`` or scope id -> :class:`ScopeBackoff`.

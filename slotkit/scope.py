@@ -34,6 +34,11 @@ SHARED_RNG = random.Random()
 #: expression ``-math.inf`` makes a new float each time, and ``BackoffConfig``
 #: is frozen, so one default instance serves every scope.
 NEVER = -math.inf
+#: Seconds past its delay a scope waits for its first request to end before
+#: sending the next one anyway: opening a connection (DNS, TCP, TLS) takes far
+#: less, and a first request that hangs must not hold the scope until its
+#: DOWNLOAD_TIMEOUT.
+OPENING_ALLOWANCE = 1.0
 DEFAULT_BACKOFF = BackoffConfig()
 
 
@@ -63,7 +68,9 @@ class ThrottlingScopeManager:
     __slots__ = (
         "_ending",
         "_factor",
+        "_opened",
         "_opening",
+        "_quota_reset_at",
         "_resumed",
         "_rng",
         "active",
@@ -97,6 +104,8 @@ class ThrottlingScopeManager:
         quota: float | None = None,
         window: float = 60.0,
         rampup: RampupConfig | None = None,
+        *,
+        opened: bool = False,
     ) -> None:
         # A broad crawl builds one manager per request (scope created, another
         # evicted), so this stays plain stores: no max(), no new objects.
@@ -122,8 +131,13 @@ class ThrottlingScopeManager:
         self._factor = 1.0  # jitter factor drawn at the last dispatch
         #: The scope's first request is in flight (see record_done).
         self._opening = False
+        #: The scope's connections were open before this manager took over
+        #: (the shared mode's fallback): its first request is no first one.
+        self._opened = opened
         #: A saved gap was taken over (import_state): the next request is a first one.
         self._resumed = False
+        #: When the server's quota count resets, as its last report said (one use).
+        self._quota_reset_at: float | None = None
         #: Which request the next record_done is for (see record_ending).
         self._ending: tuple[float, float | None] | None = None
         self.backoff = DEFAULT_BACKOFF if backoff is None else backoff
@@ -165,7 +179,14 @@ class ThrottlingScopeManager:
             # record_done): counted from its send, a response slower than the
             # delay let the second request reach the server a few
             # milliseconds short of the delay after the first (probe: 4-7 ms).
-            return math.inf
+            # A first request that hangs holds the scope only so long: by
+            # then its connection is long open. Until the gap from its send
+            # has run, that gap is the answer: a queue that remembers waits
+            # (ThrottlingAwarePriorityQueue) asks again when it ends, and the
+            # first request has usually ended by then.
+            next_allowed = self.next_allowed
+            if next_allowed <= now < next_allowed + OPENING_ALLOWANCE:
+                return next_allowed + OPENING_ALLOWANCE - now  # record_done pokes sooner
         wait = self.next_allowed - now
         if self.quota is not None:
             wait = max(wait, self.quota.wait(now, 1.0 if amount is None else amount))
@@ -179,7 +200,7 @@ class ThrottlingScopeManager:
     def record_sent(self, now: float, amount: float | None = None) -> None:
         self._settle(now)
         self.active += 1
-        if self.last_sent is None or self._resumed:
+        if (self.last_sent is None and not self._opened) or self._resumed:
             self._opening = True
             self._resumed = False
         self.last_sent = now
@@ -287,22 +308,31 @@ class ThrottlingScopeManager:
         concurrency 4). *consumed* adds (or gives back) units.
 
         Units the server counts beyond the local ones stay counted one
-        window, except when the server says its quota is spent: then the
-        hold its announced reset put on the scope (applied just before, see
-        :mod:`slotkit.feedback`) says when the server counts afresh, and they
-        expire with that hold instead of holding a 60 s window for a 2 s reset.
+        window, except when the server says its quota is spent and when it
+        resets (:meth:`record_quota_reset`, just before): they expire then,
+        instead of holding a 60 s window for a 2 s reset.
         """
+        reset_at, self._quota_reset_at = self._quota_reset_at, None
         if self.quota is None:
             return
         if remaining is not None:
             deficit = (self.quota.limit - remaining) - self.quota.used(now)
             if deficit > 0:
                 expires_in = None
-                if remaining <= 0 and self.hold_until > now:
-                    expires_in = min(self.quota.window, self.hold_until - now)
+                if remaining <= 0 and reset_at is not None and reset_at > now:
+                    expires_in = min(self.quota.window, reset_at - now)
                 self.quota.spend(now, deficit, expires_in)
         elif consumed:
             self.quota.spend(now, consumed)
+
+    def record_quota_reset(self, reset: float, now: float) -> None:
+        """The server's quota count resets *reset* seconds after *now*.
+
+        Said just before a :meth:`reconcile_quota` with the same report (an
+        optional hook, not in the interface): an uncapped figure, unlike the
+        hold the same reset puts on the scope, which ``max_delay`` caps.
+        """
+        self._quota_reset_at = now + reset
 
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))

@@ -8,6 +8,7 @@ import pytest
 import pytest_twisted
 from scrapy import Request
 
+from slotkit.scope import OPENING_ALLOWANCE
 from tests.crawl import EPOLL_REACTOR, ListSpider, run_crawl, run_crawl_subprocess_async
 from tests.server import MockSite
 
@@ -94,6 +95,29 @@ async def test_a_first_response_slower_than_the_delay_holds_the_second_request(
     arrivals = mock_site.recorder.arrivals("127.0.0.1")
     assert arrivals[1] - arrivals[0] >= answer + delay
     assert arrivals[2] - arrivals[1] >= delay - 0.001
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_first_request_that_hangs_holds_its_scope_only_a_second_past_the_delay(
+    mock_site: MockSite,
+) -> None:
+    """The second request does not wait for the first one's DOWNLOAD_TIMEOUT."""
+    delay, timeout = 0.3, 2.5
+    urls = [
+        {"url": mock_site.url("127.0.0.1", "/hang"), "meta": {"dont_retry": True}},
+        mock_site.url("127.0.0.1", "/page/1"),
+    ]
+    settings = {
+        **SLOTKIT,
+        "DOWNLOAD_DELAY": delay,
+        "DOWNLOAD_TIMEOUT": timeout,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 1
+    hang = mock_site.recorder.arrivals("127.0.0.1", "/hang")[0]
+    page = mock_site.recorder.arrivals("127.0.0.1", "/page")[0]
+    assert delay + OPENING_ALLOWANCE - 0.01 <= page - hang < timeout
 
 
 @pytest_twisted.ensureDeferred

@@ -270,10 +270,31 @@ def test_a_spent_server_quota_expires_at_its_reset_after_older_units() -> None:
     scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
     for sent in (0.0, 1.0):
         send(scope, sent)
-    scope.record_backoff(2.0, now=1.0)  # the hold the server's reset asks for
+    scope.record_quota_reset(2.0, now=1.0)  # what the feedback says first
     scope.reconcile_quota(remaining=0.0, now=1.0)
     assert scope.can_send(1.0) == pytest.approx(2.0)
     assert scope.can_send(3.0) == 0.0
+
+
+def test_a_spent_server_quota_lasts_until_its_reset_beyond_max_delay() -> None:
+    """A review: tied to the hold, which max_delay caps (300 s), an hourly quota
+    reported spent with a 2,400 s reset reopened after 300 s, into more 429s."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=5000.0, window=3600.0)
+    send(scope, 0.0)
+    scope.record_backoff(300.0, now=1.0)  # the capped hold
+    scope.record_quota_reset(2400.0, now=1.0)
+    scope.reconcile_quota(remaining=0.0, now=1.0)
+    assert scope.can_send(302.0) == pytest.approx(2401.0 - 302.0)
+
+
+def test_a_spent_server_quota_without_a_reset_lasts_a_window_whatever_holds() -> None:
+    """A review: a report without a reset, landing during an unrelated hold (a
+    Retry-After, delay_scope), took the hold's end for the server's reset."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
+    send(scope, 0.0)
+    scope.record_backoff(2.0, now=1.0)
+    scope.reconcile_quota(remaining=0.0, now=1.0)
+    assert scope.can_send(3.5) == pytest.approx(WINDOW - 3.5)  # the local unit, sent at 0
 
 
 def test_scope_with_quota_spent_is_not_idle() -> None:

@@ -9,7 +9,7 @@ import pytest
 from zope.interface.verify import verifyClass, verifyObject
 
 from slotkit.interfaces import IThrottlingScopeManager
-from slotkit.scope import ThrottlingScopeManager
+from slotkit.scope import OPENING_ALLOWANCE, ThrottlingScopeManager
 from slotkit.settings import NO_JITTER, Jitter
 
 ONE_DELAY = 1.0
@@ -166,13 +166,23 @@ def test_a_slow_first_request_holds_the_second_until_it_ends():
     first's end now, then the delay, as documented."""
     scope = make_scope(concurrency=8, delay=0.3)
     scope.record_sent(0.0, None)
-    assert scope.can_send(0.3, None) == math.inf  # still in flight: its end is not known
+    # Still in flight: its end is not known; asked again a second past the delay.
+    assert scope.can_send(0.3, None) == pytest.approx(OPENING_ALLOWANCE)
     scope.record_done(0.4)
     assert scope.can_send(0.4, None) == pytest.approx(0.3)
     scope.record_sent(0.7, None)
     assert scope.can_send(0.7, None) == pytest.approx(0.3)  # from dispatches again
     scope.record_sent(1.0, None)  # both in flight: the gap no longer waits for ends
     assert scope.can_send(1.0, None) == pytest.approx(0.3)
+
+
+def test_a_first_request_that_hangs_holds_its_scope_a_second_past_the_delay():
+    """Not until its DOWNLOAD_TIMEOUT: its connection is long open by then."""
+    scope = make_scope(concurrency=8, delay=0.3)
+    scope.record_sent(0.0, None)
+    assert scope.can_send(0.0, None) == pytest.approx(0.3)  # the gap from its send first
+    assert scope.can_send(1.0, None) == pytest.approx(0.3 + OPENING_ALLOWANCE - 1.0)
+    assert scope.can_send(0.3 + OPENING_ALLOWANCE, None) == 0.0
 
 
 def test_without_a_delay_the_first_request_holds_nothing():

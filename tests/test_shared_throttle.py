@@ -349,6 +349,7 @@ async def test_a_quota_the_server_reports_spent_opens_at_its_reset_for_every_wor
     token = current_pass.set(ta)
     manager = a.scopes["q"].manager
     manager.record_backoff(2.0, a.clock.seconds())
+    manager.record_quota_reset(2.0, a.clock.seconds())
     manager.reconcile_quota(None, 0.0, a.clock.seconds())
     current_pass.reset(token)
     await settle()

@@ -75,6 +75,7 @@ class SharedScopeManager:
             backoff=self.backoff,
             quota=self.quota,
             window=self.window,
+            opened=True,  # it takes over mid-crawl, on open connections
         )
         self._workers = 1
         self._rank = 0
@@ -83,6 +84,9 @@ class SharedScopeManager:
         #: that restarted meanwhile).
         self.untold_units = 0.0
         self.told_units = 0.0
+        #: Seconds until the server's quota count resets, as the report being
+        #: applied says (see record_quota_reset; one use).
+        self._quota_reset: float | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, config: Any) -> SharedScopeManager:
@@ -202,16 +206,23 @@ class SharedScopeManager:
     def reconcile_quota(
         self, consumed: float | None = None, remaining: float | None = None, now: float = 0.0
     ) -> None:
+        reset, self._quota_reset = self._quota_reset, None
         self.fallback.reconcile_quota(consumed, remaining, now)
         if self.quota is None or self.throttle is None or self.scope_id is None:
             return
-        if remaining is not None and remaining <= 0 and now < self.hold_until:
-            # A spent quota with a reset: the shared hold the reset put on the
-            # scope (just before) stops every worker until the server counts
-            # afresh; stored as spent, the count would keep the store's
-            # aligned window shut long after that.
+        if remaining is not None and remaining <= 0 and reset is not None and reset < self.window:
+            # A spent quota that resets within a window: the shared hold the
+            # reset put on the scope (just before) stops every worker until
+            # the server counts afresh; stored as spent, the count would keep
+            # the store's aligned window shut long after that. A reset a
+            # window or more away outlasts any aligned window: stored.
             return
         self.throttle.reconcile_quota(self, consumed, remaining)
+
+    def record_quota_reset(self, reset: float, now: float) -> None:
+        """The server's quota count resets *reset* seconds after *now* (see the scope manager)."""
+        self._quota_reset = reset
+        self.fallback.record_quota_reset(reset, now)
 
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))
