@@ -72,6 +72,8 @@ class _ScopeController(Protocol):
 
     def counts_requests(self, request: Request, scope_id: str) -> bool: ...
 
+    def is_address_of_host(self, request: Request, scope_id: str) -> bool: ...
+
 
 @implementer(IThrottlingManager)
 class ThrottlingManager:
@@ -154,7 +156,8 @@ class ThrottlingManager:
         * A server that says its quota is spent (remaining ``0``) and when it
           resets holds every scope the request spends one unit in until
           then, with or without a quota configured: the next request would
-          only be answered 429.
+          only be answered 429. Not the IP scope of a host name (unless it
+          counts a quota): other sites on that address have quotas of their own.
         * Responses served from HttpCacheMiddleware's cache and requests with
           the ``throttling_dont_track`` meta never change anything.
         """
@@ -181,9 +184,17 @@ class ThrottlingManager:
                 hint = self._hint(response)
                 wait = self.get_response_delay(response)
             record = ScopeBackoff(trigger=trigger, delay=wait if trigger else None)
-            if counted and hint.exhausted and record.delay is None:
+            quota = controller.has_quota(scope_id)
+            # Not the IP scope of a host name, unless it counts a quota of its
+            # own: the sites sharing an address keep quotas of their own.
+            if (
+                counted
+                and hint.exhausted
+                and record.delay is None
+                and (quota or not controller.is_address_of_host(request, scope_id))
+            ):
                 record = replace(record, delay=hint.delay)
-            if counted and hint.remaining is not None and controller.has_quota(scope_id):
+            if counted and hint.remaining is not None and quota:
                 record = replace(record, remaining=hint.remaining, reset=hint.reset)
             if record != _NOTHING:
                 result[scope_id] = record

@@ -29,7 +29,7 @@ from slotkit.scope_ids import (
     scope_kind,
 )
 from slotkit.scope_managers import create_scope_manager
-from slotkit.settings import DOMAIN
+from slotkit.settings import DOMAIN, IP
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -242,6 +242,18 @@ class ScopeControl:
     def now(self) -> float:
         """The crawl clock's current time (epoch seconds under a Twisted reactor)."""
         return float(self._clock.seconds())
+
+    def is_address_of_host(self, request: Request, scope_id: str) -> bool:
+        """Whether *scope_id* is the IP scope of *request*'s host name.
+
+        (``CONCURRENT_REQUESTS_PER_IP``: other sites may share it.) A request
+        to an address itself has that address for its site scope: ``False``.
+        """
+        if scope_id == urlparse_cached(request).hostname:
+            return False
+        scope = self.registry.peek(scope_id)
+        kind = scope.kind if scope is not None else scope_kind(scope_id)
+        return kind == IP
 
     def has_quota(self, scope_id: str) -> bool:
         """Whether the live scope *scope_id* counts a quota."""

@@ -20,6 +20,7 @@ from scrapy import Request, Spider, signals
 from scrapy.http import Response
 from scrapy.signalmanager import SignalManager
 from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.test import get_crawler
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
@@ -716,6 +717,25 @@ async def test_a_spent_server_quota_holds_a_scope_without_a_quota_until_its_rese
     pending.callback(Response(second.url, headers=headers, request=second))
     await settle()
     assert downloader.registry.get("b.example").manager.can_send(clock.seconds()) == 0.0
+    downloader.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "held"),
+    [("https://a.example/1", {"a.example"}), ("https://10.0.0.1/1", {"10.0.0.1"})],
+)
+def test_a_spent_server_quota_leaves_the_ip_scope_of_a_host_name_alone(url, held):
+    """Sites sharing an address keep quotas of their own: one site's spent quota
+    holds its own scope, not the address's (unless the site is the address)."""
+    downloader, _clock = make_downloader()
+    request = Request(url)
+    downloader._scope_ids[request] = {urlparse_cached(request).hostname: None, "10.0.0.1": None}
+    headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"}
+    response = Response(request.url, headers=headers, request=request)
+    for scope_id in downloader._scope_ids[request]:
+        downloader.registry.get(scope_id)
+    backoff = downloader.manager.get_response_backoff(response)
+    assert {scope_id for scope_id, record in backoff.items() if record.delay} == held
     downloader.close()
 
 
