@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from slotkit.setting_names import SETTING_NAMES
+
 if TYPE_CHECKING:
     from scrapy.settings import Settings
 
@@ -27,35 +29,14 @@ class CommandError(Exception):
 # --------------------------------------------------------------------------- settings
 
 
-#: Settings slotkit reads on top of Scrapy's own (for the "did you mean" check of ``-s``).
-SLOTKIT_SETTINGS = frozenset(
-    {
-        "BACKOFF_DELAY_FACTOR",
-        "BACKOFF_EXCEPTIONS",
-        "BACKOFF_HTTP_CODES",
-        "BACKOFF_JITTER",
-        "BACKOFF_MAX_DELAY",
-        "BACKOFF_MIN_DELAY",
-        "BACKOFF_RESEND",
-        "BACKOFF_RESEND_TIMEOUT",
-        "BACKOFF_WINDOW",
-        # Scrapy 2.19 dropped it from its defaults; slotkit (and the spec) read it.
-        "CONCURRENT_REQUESTS_PER_IP",
-        "DELAYED_REQUESTS_WARN_THRESHOLD",
-        "RAMPUP_BACKOFF_TARGET",
-        "THROTTLING_DEBUG",
-        "THROTTLING_MANAGER",
-        "THROTTLING_ROBOTSTXT_MAX_DELAY",
-        "THROTTLING_ROBOTSTXT_OBEY",
-        "THROTTLING_SCOPES",
-        "THROTTLING_SCOPE_CONCURRENCY",
-        "THROTTLING_SCOPE_LIMIT",
-        "THROTTLING_SCOPE_MANAGER",
-        "THROTTLING_SCOPE_MAX_IDLE",
-        "THROTTLING_STATS_INTERVAL",
-        "THROTTLING_WINDOW",
-    }
-)
+#: Settings slotkit reads on top of Scrapy's own (for the "did you mean" check of
+#: ``-s``): the ones under its prefixes, from the list the crawl-start check uses
+#: too (a copy here had fallen behind it), and two outside them.
+SLOTKIT_SETTINGS = SETTING_NAMES | {
+    # Scrapy 2.19 deprecated it in its defaults; slotkit (and the spec) read it.
+    "CONCURRENT_REQUESTS_PER_IP",
+    "DELAYED_REQUESTS_WARN_THRESHOLD",
+}
 
 
 def _known_settings() -> frozenset[str]:
