@@ -180,6 +180,7 @@ def migration_report(settings: BaseSettings) -> list[Change]:
                 scopes[str(key)] = _scope_from_slot(str(key), entry, notes)
             else:
                 notes.append(f"DOWNLOAD_SLOTS[{key!r}] is not a dict: left out")
+        _keep_project_scopes(settings, scopes, notes)
         changes.append(
             Change(
                 "THROTTLING_SCOPES",
@@ -189,6 +190,28 @@ def migration_report(settings: BaseSettings) -> list[Change]:
             )
         )
     return changes
+
+
+def _keep_project_scopes(settings: BaseSettings, scopes: dict[str, Any], notes: list[str]) -> None:
+    """Merge the project's own ``THROTTLING_SCOPES`` into *scopes*, as the crawl does.
+
+    The printed setting replaces the project's: without its entries, pasting
+    it would drop them (a probe saw a quota go). Key by key the project's
+    entry wins over the one made from ``DOWNLOAD_SLOTS``, as at run time.
+    """
+    try:
+        own = settings.getdict("THROTTLING_SCOPES")
+    except (TypeError, ValueError):
+        notes.append("THROTTLING_SCOPES could not be read: merge your entries by hand")
+        return
+    for key, entry in own.items():
+        made = scopes.get(str(key))
+        if isinstance(made, dict) and isinstance(entry, Mapping):
+            scopes[str(key)] = {**made, **entry}
+        else:
+            scopes[str(key)] = entry
+    if own:
+        notes.append("your THROTTLING_SCOPES entries are kept (key by key they win)")
 
 
 def _scope_from_slot(key: str, entry: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:

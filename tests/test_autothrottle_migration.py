@@ -71,6 +71,32 @@ def test_migrate_report_keeps_a_backoff_max_delay_the_project_sets() -> None:
     assert "BACKOFF_MAX_DELAY = 7.0" not in text
 
 
+def test_migrate_keeps_the_projects_own_throttling_scopes() -> None:
+    """A probe: the printed THROTTLING_SCOPES held only the DOWNLOAD_SLOTS entries,
+    so pasting it dropped the project's own (a quota went with it)."""
+    values = {
+        "DOWNLOAD_SLOTS": {
+            "a.example": {"delay": 2.0, "concurrency": 4},
+            "b.example": {"delay": 1},
+        },
+        "THROTTLING_SCOPES": {
+            "shop.example": {"quota": 100, "window": 30},
+            "a.example": {"concurrency": 2},
+        },
+    }
+    (change,) = [
+        c
+        for c in migration_report(Settings(values, priority="project"))
+        if c.setting == "THROTTLING_SCOPES"
+    ]
+    assert change.value == {
+        "a.example": {"delay": 2.0, "concurrency": 2},
+        "b.example": {"delay": 1},
+        "shop.example": {"quota": 100, "window": 30},
+    }
+    assert "entries are kept" in change.note
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("extension", ["enabled", "disabled"])
 @pytest_twisted.ensureDeferred
