@@ -38,12 +38,13 @@ from slotkit.manager import (
 from slotkit.migration import silence_autothrottle
 from slotkit.outcomes import cut_by_cancel
 from slotkit.persistence import ScopeStateStore
+from slotkit.redis_settings import redis_timeout
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue
 from slotkit.scope_control import ScopeControl
-from slotkit.scope_managers import check_scope_manager_class
+from slotkit.scope_managers import check_scope_managers
 from slotkit.setting_names import warn_unknown_setting_names
 from slotkit.settings import DOMAIN, ThrottlingSettings
 from slotkit.signaling import send_if_heard
@@ -85,12 +86,8 @@ class Downloader(ScopeControl, SpiderClosing):
         # 1. Validate everything first: a bad setting must fail before any I/O is set up.
         self.config = ThrottlingSettings.from_settings(crawler.settings)
         warn_unknown_setting_names(crawler.settings)
-        check_scope_manager_class("THROTTLING_SCOPE_MANAGER", self.config.scope_manager)
-        for scope_id, entry in self.config.scopes.items():
-            if "manager" in entry:
-                check_scope_manager_class(
-                    f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"]
-                )
+        check_scope_managers(self.config)
+        redis_timeout(crawler.settings)  # checked even where no store is used
         check_priority_queue(crawler.settings)
         self.manager = build_manager(crawler, self.config.manager)
         if hasattr(self.manager, "attach"):

@@ -21,7 +21,7 @@ from zope.interface.interface import Method
 
 from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.scope import ThrottlingScopeManager
-from slotkit.settings import ScopeConfig, SettingsError
+from slotkit.settings import ScopeConfig, SettingsError, ThrottlingSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "call_mismatch",
     "check_scope_manager_class",
+    "check_scope_managers",
     "create_scope_manager",
     "interface_calls",
     "mismatch_message",
@@ -143,6 +144,16 @@ def check_scope_manager_class(where: str, cls: type | None) -> None:
     _check_construction(where, cls)
     for name, args in {**SCOPE_MANAGER_CALLS, **OPTIONAL_SCOPE_MANAGER_CALLS}.items():
         _check_method(where, cls, name, args)
+
+
+def check_scope_managers(config: ThrottlingSettings) -> None:
+    """Check every scope manager class *config* names (the crawl's and explain's check)."""
+    check_scope_manager_class("THROTTLING_SCOPE_MANAGER", config.scope_manager)
+    for scope_id, entry in config.scopes.items():
+        if "manager" in entry:
+            check_scope_manager_class(
+                f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"]
+            )
 
 
 def _check_construction(where: str, cls: type) -> None:

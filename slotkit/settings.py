@@ -253,8 +253,14 @@ class ThrottlingSettings:
         return cls(
             autothrottle=autothrottle,
             domain_grouping=grouping,
-            robots_obey=as_bool(settings, "ROBOTSTXT_OBEY")
-            and as_bool(settings, "THROTTLING_ROBOTSTXT_OBEY", True),
+            # Both read, so a bad THROTTLING_ROBOTSTXT_OBEY fails even while
+            # ROBOTSTXT_OBEY is off (an `and` skipped it).
+            robots_obey=all(
+                [
+                    as_bool(settings, "ROBOTSTXT_OBEY"),
+                    as_bool(settings, "THROTTLING_ROBOTSTXT_OBEY", True),
+                ]
+            ),
             robots_max_delay=_number(
                 "THROTTLING_ROBOTSTXT_MAX_DELAY",
                 settings.get("THROTTLING_ROBOTSTXT_MAX_DELAY", 60.0),

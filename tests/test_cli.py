@@ -460,6 +460,28 @@ def test_a_misspelt_redis_setting_is_suggested_its_name(capsys):
     assert "did you mean THROTTLING_REDIS_URL?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "THROTTLING_SCOPE_MANAGER=tests.test_downloader_unit.HalfScopeManager",
+            "THROTTLING_SCOPE_MANAGER names",
+        ),
+        (
+            'THROTTLING_SCOPES={"api": {"manager": "tests.test_downloader_unit.HalfScopeManager"}}',
+            "THROTTLING_SCOPES['api']['manager'] names",
+        ),
+        ("THROTTLING_REDIS_URL=http://x", "THROTTLING_REDIS_URL must be a redis://"),
+        ("THROTTLING_REDIS_TIMEOUT=-1", "THROTTLING_REDIS_TIMEOUT must be"),
+    ],
+)
+def test_explain_refuses_what_the_crawl_refuses(capsys, setting, message):
+    """A probe: explain exited 0 on these, which a crawl refuses at start (cli.rst
+    promises the crawl's message and status 2)."""
+    assert main(["explain", "https://example.com/", "-s", setting]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_invalid_json_value_exits_2(capsys):
     """A value that starts like JSON but is not valid JSON is refused."""
     status = main(["explain", "https://example.com/", "-s", "THROTTLING_SCOPES={'a': 1}"])

@@ -138,6 +138,12 @@ def outcome(deferred: Deferred[Any]) -> list[Any]:
             },
             "THROTTLING_SCOPES['api']['manager'] names",
         ),
+        # Probes: checked even where nothing reads them (no store, robots off).
+        ({"THROTTLING_REDIS_TIMEOUT": -1}, "THROTTLING_REDIS_TIMEOUT must be"),
+        (
+            {"ROBOTSTXT_OBEY": False, "THROTTLING_ROBOTSTXT_OBEY": "maybe"},
+            "THROTTLING_ROBOTSTXT_OBEY must be True or False",
+        ),
     ],
 )
 def test_bad_settings_fail_at_construction(settings: dict[str, Any], fragment: str):

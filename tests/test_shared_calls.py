@@ -202,7 +202,7 @@ def test_the_redis_url_switches_slotkit_downloader_to_the_shared_one():
             {"THROTTLING_REDIS_URL": "local", "THROTTLING_REDIS_TIMEOUT": "abc"},
             "THROTTLING_REDIS_TIMEOUT must be a number of seconds > 0 (got 'abc')",
         ),
-        ({"THROTTLING_REDIS_URL": "local", "THROTTLING_REDIS_TIMEOUT": 0}, "must be > 0"),
+        ({"THROTTLING_REDIS_URL": "local", "THROTTLING_REDIS_TIMEOUT": 0}, "seconds > 0"),
         (
             # redis-py would use database 0 without a word.
             {"THROTTLING_REDIS_URL": "redis://127.0.0.1:6379/abc"},

@@ -88,6 +88,8 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
         normalize_scopes,
         scope_kind,
     )
+    from slotkit.redis_settings import check_redis_url, redis_timeout
+    from slotkit.scope_managers import check_scope_managers
     from slotkit.settings import DOMAIN, SettingsError, ThrottlingSettings
     from slotkit.status import DEFAULT_INTERVAL
     from slotkit.validation import _number
@@ -99,6 +101,11 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
     crawler = _build_crawler(settings)
     settings = crawler.settings
     config = ThrottlingSettings.from_settings(settings)
+    # What else the crawl refuses at start, so no setting it refuses is explained.
+    check_scope_managers(config)
+    redis_timeout(settings)
+    if settings.get("THROTTLING_REDIS_URL"):
+        check_redis_url(str(settings.get("THROTTLING_REDIS_URL")))
     stats_interval = _number(
         "THROTTLING_STATS_INTERVAL", settings.get("THROTTLING_STATS_INTERVAL", DEFAULT_INTERVAL)
     )

@@ -29,14 +29,13 @@ import socket
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from scrapy import signals
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_installed
 
 from slotkit.downloader import Downloader
-from slotkit.settings import SettingsError
+from slotkit.redis_settings import check_redis_url, redis_timeout
 from slotkit.shared.client import AsyncioRedisBackend, Backend, TwinBackend
 from slotkit.shared.manager import SharedScopeManager
 from slotkit.shared.threaded import ThreadedRedisBackend
@@ -73,31 +72,9 @@ def local_store(clock: IReactorTime) -> TwinStore:
 
 def make_backend(url: str, timeout: float, clock: IReactorTime) -> Backend:
     """The backend for *url*, matched to the reactor in use."""
+    check_redis_url(url)
     if url == "local":
         return TwinBackend(local_store(clock))
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise SettingsError(
-            f"THROTTLING_REDIS_URL must be a redis://, rediss:// or unix:// URL, or 'local' "
-            f"(got {url!r})"
-        )
-    try:
-        from redis.connection import parse_url
-    except ImportError:
-        raise SettingsError(
-            "THROTTLING_REDIS_URL is set but redis-py is not installed; "
-            "install it with: pip install 'slotkit[redis]'"
-        ) from None
-    try:
-        parse_url(url)
-    except ValueError as exc:
-        raise SettingsError(f"THROTTLING_REDIS_URL {url!r} cannot be used: {exc}") from None
-    database = urlparse(url).path.strip("/")
-    if url.startswith(("redis://", "rediss://")) and database and not database.isdigit():
-        # redis-py would quietly use database 0.
-        raise SettingsError(
-            f"THROTTLING_REDIS_URL {url!r}: the database after the host must be a number, "
-            f"as in redis://localhost:6379/0 (got {database!r})"
-        )
     if not is_reactor_installed() or is_asyncio_reactor_installed():
         return AsyncioRedisBackend(url, timeout, clock)
     return ThreadedRedisBackend(url, timeout, clock)
@@ -116,17 +93,9 @@ class SharedDownloader(Downloader):
         url = settings.get("THROTTLING_REDIS_URL")
         self.shared: SharedThrottle | None = None
         super().__init__(crawler, clock)
+        timeout = redis_timeout(settings)  # checked with or without a URL
         if backend is None and not url:
             return
-        try:
-            timeout = settings.getfloat("THROTTLING_REDIS_TIMEOUT", 0.25)
-        except ValueError:
-            raise SettingsError(
-                "THROTTLING_REDIS_TIMEOUT must be a number of seconds > 0 "
-                f"(got {settings.get('THROTTLING_REDIS_TIMEOUT')!r})"
-            ) from None
-        if timeout <= 0:
-            raise SettingsError(f"THROTTLING_REDIS_TIMEOUT must be > 0 (got {timeout!r})")
         if backend is None:
             backend = make_backend(str(url), timeout, self._clock)
         options = ThrottleOptions(
