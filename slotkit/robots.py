@@ -166,8 +166,11 @@ class CrawlDelays:
         netloc = netloc_of(urlparse_cached(request).netloc)
         own_scope = self._netloc_sites.get(netloc)
         for scope_id in {own_scope} if own_scope is not None else {site, netloc}:
-            self.delays[scope_id] = delay
-            self._on_delay(scope_id, delay)
+            # Ports sharing the host's scope may ask for different delays: the
+            # largest is a floor for all of them (the last parsed won before).
+            larger = max(delay, self.delays.get(scope_id, 0.0))
+            self.delays[scope_id] = larger
+            self._on_delay(scope_id, larger)
 
     def warn_once(self, scope_id: str, warning: str) -> None:
         """Log, once per scope, that its configuration is faster than its robots.txt asks."""
