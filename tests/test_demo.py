@@ -241,6 +241,37 @@ def test_summary_counts_per_site_and_overall():
     assert "Still waiting for their scopes when the crawl stopped: 2" in text
 
 
+def test_a_port_out_of_range_is_a_usage_error(capsys):
+    """A probe: --port 99999 ended in a raw traceback."""
+    from slotkit.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["demo", "--port", "99999"])
+    assert info.value.code == 2
+    assert "expected a port from 0 to 65535" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_port_in_use_is_one_line_not_a_traceback():
+    """The port is the machine's state, not a bug in the demo."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "slotkit", "demo", "--quick", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert f"127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_options_pick_redraw_and_refresh():
     """--plain or a pipe mean plain blocks every 5 s; a terminal means a redraw every 1 s."""
     from slotkit.cli import build_parser

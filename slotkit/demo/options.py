@@ -23,6 +23,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration",
@@ -54,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between table updates (default: 1 on a terminal, 5 otherwise)",
     )
     parser.add_argument(
-        "--port", type=int, default=0, help="port of the local server (default: any free one)"
+        "--port", type=_port, default=0, help="port of the local server (default: any free one)"
     )
     parser.add_argument(
         "--log-level",

@@ -232,6 +232,12 @@ def main(args: argparse.Namespace, out: IO[str] | None = None) -> int:
         return 130
     result = outcome[0]
     if isinstance(result, Failure):
+        from twisted.internet.error import CannotListenError
+
+        if result.check(CannotListenError):
+            # A port in use is the machine's state, not a bug: one line, no traceback.
+            sys.stderr.write(f"slotkit demo: {result.value}\n")
+            return 1
         sys.stderr.write(f"slotkit demo failed: {result.getTraceback()}\n")
         return 1
     return 0
