@@ -50,7 +50,7 @@ from twisted.internet.task import Clock
 
 from slotkit import Downloader
 from slotkit.scope import ThrottlingScopeManager
-from slotkit.scope_managers import check_scope_manager_class, create_scope_manager
+from slotkit.scope_managers import check_scope_managers, create_scope_manager
 from slotkit.settings import CUSTOM, DOMAIN, IP, SettingsError, ThrottlingSettings
 
 #: A reactor's ``seconds()``: float steps here are ~2e-7 s, which tiny windows fall under.
@@ -403,16 +403,6 @@ def exercise(manager: Any, now: float = NOW) -> None:
     manager.is_idle(now + 86400.0 * 30, 3600.0)
 
 
-def check_downloader_managers(settings: ThrottlingSettings) -> None:
-    """What Downloader.__init__ checks before any scope exists."""
-    check_scope_manager_class("THROTTLING_SCOPE_MANAGER", settings.scope_manager)
-    for scope_id, entry in settings.scopes.items():
-        if "manager" in entry:
-            check_scope_manager_class(
-                f"THROTTLING_SCOPES[{scope_id!r}]['manager']", entry["manager"]
-            )
-
-
 # ----------------------------------------------------------------- the fuzz tests
 
 FUZZ_SETTINGS = settings(
@@ -430,7 +420,7 @@ def test_settings_either_work_or_name_the_setting(values: dict[str, Any]) -> Non
     with skipping_known_bugs(), watchdog():
         try:
             config = ThrottlingSettings.from_settings(crawler_settings)
-            check_downloader_managers(config)
+            check_scope_managers(config)  # as Downloader.__init__ does
             for scope_id, kind in (*LOOKUPS, *((s, CUSTOM) for s in config.scopes)):
                 manager = create_scope_manager(None, config.scope_config(scope_id, kind))  # type: ignore[arg-type]
                 exercise(manager)
