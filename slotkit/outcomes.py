@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,7 +43,18 @@ def update_scope_backoff(
     consumed: float | None = None,
     remaining: float | None = None,
 ) -> dict[str, ScopeBackoff]:
-    """Return *backoff* with the record of *scope* updated; the input is not modified."""
+    """Return *backoff* with the record of *scope* updated; the input is not modified.
+
+    Raises :class:`TypeError` for a scope that is not a ``str`` and
+    :class:`ValueError` for a figure no server could mean: a ``delay`` or
+    ``remaining`` that is not a finite number >= 0, a ``consumed`` that is not
+    a finite number (negative gives units back).
+    """
+    if not isinstance(scope, str):
+        raise TypeError(f"update_scope_backoff() needs a scope id (a str), got {scope!r}")
+    _check_figure("delay", delay, minimum=0.0)
+    _check_figure("remaining", remaining, minimum=0.0)
+    _check_figure("consumed", consumed, minimum=-math.inf)
     result = dict(backoff or {})
     record = result.get(scope, ScopeBackoff())
     changes: dict[str, Any] = {}
@@ -56,6 +68,18 @@ def update_scope_backoff(
         changes["remaining"] = remaining
     result[scope] = replace(record, **changes)
     return result
+
+
+def _check_figure(name: str, value: float | None, *, minimum: float) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"update_scope_backoff(): {name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < minimum:
+        bound = "" if minimum == -math.inf else f" >= {minimum:g}"
+        raise ValueError(
+            f"update_scope_backoff(): {name} must be a finite number{bound}, got {value!r}"
+        )
 
 
 def cut_by_cancel(exc: BaseException) -> bool:

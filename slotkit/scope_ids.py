@@ -176,9 +176,12 @@ def add_scope(scopes: Scopes, scope: str, amount: float | None = None) -> Scopes
     never modified. A dict is returned when either side carries amounts.
     """
     current = normalize_scopes(scopes, where="add_scope()")
+    # The added scope passes the checks the meta key's do (a str id, an
+    # amount that is a finite number >= 0).
+    added = normalize_scopes({scope: amount}, where="add_scope()")
     if amount is None and all(value is None for value in current.values()):
         return [*current, scope] if scope not in current else list(current)
-    current[scope] = None if amount is None else float(amount)
+    current.update(added)
     return current
 
 

@@ -392,6 +392,30 @@ def test_update_scope_backoff_does_not_modify_its_input():
     assert "cost" not in result
 
 
+@pytest.mark.parametrize(
+    ("scope", "figures", "error"),
+    [
+        ("a", {"delay": -1.0}, ValueError),
+        ("a", {"delay": float("nan")}, ValueError),
+        ("a", {"remaining": -3.0}, ValueError),
+        ("a", {"consumed": float("inf")}, ValueError),
+        ("a", {"consumed": "2"}, ValueError),
+        (5, {"delay": 1.0}, TypeError),
+    ],
+)
+def test_update_scope_backoff_refuses_figures_no_server_means(scope, figures, error):
+    """A probe: a negative delay or remaining, NaN and a non-str scope were taken
+    silently (a remaining of -3 would spend more than the whole quota)."""
+    with pytest.raises(error, match="update_scope_backoff"):
+        update_scope_backoff(None, scope, **figures)
+
+
+@pytest.mark.parametrize(("scope", "amount"), [("x", -1.0), ("x", float("nan")), (5, None)])
+def test_add_scope_refuses_what_the_meta_key_refuses(scope, amount):
+    with pytest.raises(TypeError, match="add_scope"):
+        add_scope(["a"], scope, amount)
+
+
 def test_update_scope_backoff_accumulates_consumed_and_keeps_others():
     """consumed adds to what the record already had; unspecified fields stay."""
     backoff = update_scope_backoff(None, "cost", consumed=2.0, remaining=10.0)
