@@ -95,11 +95,7 @@ def _exceptions(where: str, value: object) -> tuple[type[BaseException], ...]:
 
 
 def _factor(where: str, value: object) -> float:
-    accepted = "a number > 1"
-    factor = _number(where, value, accepted=accepted)
-    if factor <= 1.0:
-        raise SettingsError(f"{where} must be {accepted} (got {_describe(value)})")
-    return factor
+    return _number(where, value, accepted="a number > 1", check=lambda factor: factor > 1.0)
 
 
 #: Shortest window accepted: below it, window arithmetic would stall in float rounding.
@@ -107,11 +103,12 @@ MIN_WINDOW = 0.001
 
 
 def _window(value: object) -> float:
-    accepted = f"0 (no recovery, no rampup) or a number >= {MIN_WINDOW:g}"
-    window = _number("BACKOFF_WINDOW", value, accepted=accepted)
-    if 0 < window < MIN_WINDOW:
-        raise SettingsError(f"BACKOFF_WINDOW must be {accepted} (got {_describe(value)})")
-    return window
+    return _number(
+        "BACKOFF_WINDOW",
+        value,
+        accepted=f"0 (no recovery, no rampup) or a number >= {MIN_WINDOW:g}",
+        check=lambda window: window == 0 or window >= MIN_WINDOW,
+    )
 
 
 def _check_bounds(where: str, config: BackoffConfig) -> BackoffConfig:

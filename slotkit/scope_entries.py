@@ -76,11 +76,7 @@ SLOT_KEYS = frozenset({"concurrency", "delay", "jitter", "randomize_delay"})
 
 
 def positive(where: str, value: object) -> float:
-    accepted = "a number > 0"
-    number = _number(where, value, accepted=accepted)
-    if number <= 0:
-        raise SettingsError(f"{where} must be {accepted} (got {_describe(value)})")
-    return number
+    return _number(where, value, accepted="a number > 0", check=lambda number: number > 0)
 
 
 def load_class(where: str, value: object) -> type:
@@ -177,13 +173,12 @@ def rampup_entry(where: str, value: object) -> dict[str, Any] | None:
         if key == "backoff_target":
             result[key] = parse_target(f"{where}['backoff_target']", item)
         elif key == "delay_factor":
-            accepted = "a number between 0 and 1, exclusive"
-            factor = _number(f"{where}['delay_factor']", item, accepted=accepted)
-            if not 0 < factor < 1:
-                raise SettingsError(
-                    f"{where}['delay_factor'] must be {accepted} (got {_describe(item)})"
-                )
-            result[key] = factor
+            result[key] = _number(
+                f"{where}['delay_factor']",
+                item,
+                accepted="a number between 0 and 1, exclusive",
+                check=lambda factor: 0 < factor < 1,
+            )
         else:
             result[key] = _number(f"{where}['min_delay']", item)
     return result

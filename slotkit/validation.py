@@ -12,6 +12,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy.settings import BaseSettings
 
 __all__ = ["NO_JITTER", "Jitter", "SettingsError", "parse_jitter", "per_ip_limit", "per_ip_setting"]
@@ -35,24 +37,26 @@ def _closest(key: str, choices: frozenset[str]) -> str:
 
 
 def _number(
-    where: str, value: object, *, minimum: float = 0.0, accepted: str | None = None
+    where: str,
+    value: object,
+    *,
+    minimum: float = 0.0,
+    accepted: str | None = None,
+    check: Callable[[float], bool] | None = None,
 ) -> float:
     """Return *value* as a finite float >= *minimum*, or raise naming *where*.
 
-    *accepted* describes what the caller really accepts (``"a number > 1"``)
-    when it checks more than *minimum* afterwards: a value that is no number
-    at all must be told the same range as one that is out of it.
+    *check* narrows the range further (``lambda n: n > 1``) and *accepted*
+    says it in words (``"a number > 1"``): a value that is no number at all
+    is told the same range as one that is out of it.
     """
-    accepted = accepted or f"a number >= {minimum:g}"
-    problem = f"{where} must be {accepted} (got {_describe(value)})"
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise SettingsError(problem)
-    try:
-        number = float(value)
-    except (ValueError, OverflowError):
-        raise SettingsError(problem) from None
-    if not math.isfinite(number) or number < minimum:
-        raise SettingsError(problem)
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, (int, float, str)):
+        with contextlib.suppress(ValueError, OverflowError):
+            number = float(value)
+    if not math.isfinite(number) or number < minimum or (check is not None and not check(number)):
+        accepted = accepted or f"a number >= {minimum:g}"
+        raise SettingsError(f"{where} must be {accepted} (got {_describe(value)})")
     return number
 
 
