@@ -70,7 +70,6 @@ class ThrottlingScopeManager:
         "_factor",
         "_opened",
         "_opening",
-        "_quota_reset_at",
         "_resumed",
         "_rng",
         "active",
@@ -136,8 +135,6 @@ class ThrottlingScopeManager:
         self._opened = opened
         #: A saved gap was taken over (import_state): the next request is a first one.
         self._resumed = False
-        #: When the server's quota count resets, as its last report said (one use).
-        self._quota_reset_at: float | None = None
         #: Which request the next record_done is for (see record_ending).
         self._ending: tuple[float, float | None] | None = None
         self.backoff = DEFAULT_BACKOFF if backoff is None else backoff
@@ -298,32 +295,9 @@ class ThrottlingScopeManager:
     def reconcile_quota(
         self, consumed: float | None = None, remaining: float | None = None, now: float = 0.0
     ) -> None:
-        """Correct the quota count with what the server reports.
-
-        *remaining* only ever tightens the local count: the local sliding
-        window already counts every request sent, including those still in
-        flight that the server's figure does not include yet, so resetting to
-        the server's figure would let each window overspend by the requests
-        in flight (measured: 23 per window against a limit of 20 at
-        concurrency 4). *consumed* adds (or gives back) units.
-
-        Units the server counts beyond the local ones stay counted one
-        window, except when the server says its quota is spent and when it
-        resets (:meth:`record_quota_reset`, just before): they expire then,
-        instead of holding a 60 s window for a 2 s reset.
-        """
-        reset_at, self._quota_reset_at = self._quota_reset_at, None
-        if self.quota is None:
-            return
-        if remaining is not None:
-            deficit = (self.quota.limit - remaining) - self.quota.used(now)
-            if deficit > 0:
-                expires_in = None
-                if remaining <= 0 and reset_at is not None and reset_at > now:
-                    expires_in = min(self.quota.window, reset_at - now)
-                self.quota.spend(now, deficit, expires_in)
-        elif consumed:
-            self.quota.spend(now, consumed)
+        """Correct the quota count with what the server reports (see :meth:`Quota.reconcile`)."""
+        if self.quota is not None:
+            self.quota.reconcile(now, consumed, remaining)
 
     def record_quota_reset(self, reset: float, now: float) -> None:
         """The server's quota count resets *reset* seconds after *now*.
@@ -332,7 +306,8 @@ class ThrottlingScopeManager:
         optional hook, not in the interface): an uncapped figure, unlike the
         hold the same reset puts on the scope, which ``max_delay`` caps.
         """
-        self._quota_reset_at = now + reset
+        if self.quota is not None:
+            self.quota.reset_at = now + reset
 
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))
