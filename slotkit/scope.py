@@ -171,20 +171,23 @@ class ThrottlingScopeManager:
                 # A rampup step at the window's end may raise the concurrency.
                 return rampup.window_end - now  # > 0: _settle closed every ended window
             return math.inf
-        if self._opening and self.active and self.current_delay > 0:
-            # The gap after a scope's first request runs from its end (see
-            # record_done): counted from its send, a response slower than the
-            # delay let the second request reach the server a few
-            # milliseconds short of the delay after the first (probe: 4-7 ms).
-            # A first request that hangs holds the scope only so long: by
-            # then its connection is long open. Until the gap from its send
-            # has run, that gap is the answer: a queue that remembers waits
-            # (ThrottlingAwarePriorityQueue) asks again when it ends, and the
-            # first request has usually ended by then.
-            next_allowed = self.next_allowed
-            if next_allowed <= now < next_allowed + OPENING_ALLOWANCE:
-                return next_allowed + OPENING_ALLOWANCE - now  # record_done pokes sooner
-        wait = self.next_allowed - now
+        next_allowed = self.next_allowed
+        # The gap after a scope's first request runs from its end (see
+        # record_done): counted from its send, a response slower than the
+        # delay let the second request reach the server a few milliseconds
+        # short of the delay after the first (probe: 4-7 ms). A first request
+        # that hangs holds the scope only so long: by then its connection is
+        # long open. Until the gap from its send has run, that gap is the
+        # answer: a queue that remembers waits (ThrottlingAwarePriorityQueue)
+        # asks again when it ends, and the first request has usually ended.
+        if (
+            self._opening
+            and self.active
+            and self.current_delay > 0
+            and next_allowed <= now < next_allowed + OPENING_ALLOWANCE
+        ):
+            return next_allowed + OPENING_ALLOWANCE - now  # record_done pokes sooner
+        wait = next_allowed - now
         if self.quota is not None:
             wait = max(wait, self.quota.wait(now, 1.0 if amount is None else amount))
         if wait <= 0:
