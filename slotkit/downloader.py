@@ -38,7 +38,6 @@ from slotkit.manager import (
 from slotkit.migration import silence_autothrottle
 from slotkit.outcomes import cut_by_cancel
 from slotkit.persistence import ScopeStateStore
-from slotkit.redis_settings import redis_timeout
 from slotkit.registry import Scope, ScopeRegistry
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
@@ -87,7 +86,6 @@ class Downloader(ScopeControl, SpiderClosing):
         self.config = ThrottlingSettings.from_settings(crawler.settings)
         warn_unknown_setting_names(crawler.settings)
         check_scope_managers(self.config)
-        redis_timeout(crawler.settings)  # checked even where no store is used
         check_priority_queue(crawler.settings)
         self.manager = build_manager(crawler, self.config.manager)
         if hasattr(self.manager, "attach"):

@@ -1,9 +1,9 @@
 """The shared backend's settings, checked without connecting to anything.
 
-One check for the crawl (:class:`~slotkit.shared.downloader.SharedDownloader`)
-and for ``python -m slotkit explain``, so a setting the crawl refuses is never
-explained as fine. ``THROTTLING_REDIS_TIMEOUT`` is checked even without a URL:
-"every value is checked when the crawler starts".
+Called by :meth:`ThrottlingSettings.from_settings
+<slotkit.settings.ThrottlingSettings.from_settings>`, so the crawl and
+``python -m slotkit explain`` refuse the same values. ``THROTTLING_REDIS_TIMEOUT``
+is checked even without a URL: "every value is checked when the crawler starts".
 """
 
 from __future__ import annotations
@@ -16,9 +16,17 @@ from slotkit.validation import SettingsError
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["DEFAULT_TIMEOUT", "check_redis_url", "redis_timeout"]
+__all__ = ["DEFAULT_TIMEOUT", "check_redis_settings", "check_redis_url", "redis_timeout"]
 
 DEFAULT_TIMEOUT = 0.25
+
+
+def check_redis_settings(settings: BaseSettings) -> float:
+    """Check ``THROTTLING_REDIS_URL`` (when set) and return ``THROTTLING_REDIS_TIMEOUT``."""
+    url = settings.get("THROTTLING_REDIS_URL")
+    if url:
+        check_redis_url(str(url))
+    return redis_timeout(settings)
 
 
 def redis_timeout(settings: BaseSettings) -> float:

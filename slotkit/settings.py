@@ -17,6 +17,7 @@ from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
 from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
 from slotkit.migration import AutoThrottleMapping, autothrottle_mapping
 from slotkit.rampup import RampupConfig
+from slotkit.redis_settings import check_redis_settings
 from slotkit.scope_entries import (
     DEFAULT_THROTTLING_SCOPES,
     RESERVED_SCOPE_KEYS,
@@ -205,6 +206,8 @@ class ThrottlingSettings:
     domain_grouping: str = "host"
     #: AutoThrottle settings mapped onto slotkit's (``AUTOTHROTTLE_ENABLED``).
     autothrottle: AutoThrottleMapping | None = None
+    #: ``THROTTLING_REDIS_TIMEOUT``, checked with or without a store.
+    redis_timeout: float = 0.25
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
@@ -250,17 +253,13 @@ class ThrottlingSettings:
         delay = _number("DOWNLOAD_DELAY", settings.get("DOWNLOAD_DELAY", 0.0))
         if autothrottle is not None and autothrottle.delay is not None:
             delay = autothrottle.delay
+        # Read even while ROBOTSTXT_OBEY is off, so a bad value fails there too.
+        obey_slotkit = as_bool(settings, "THROTTLING_ROBOTSTXT_OBEY", True)
         return cls(
             autothrottle=autothrottle,
             domain_grouping=grouping,
-            # Both read, so a bad THROTTLING_ROBOTSTXT_OBEY fails even while
-            # ROBOTSTXT_OBEY is off (an `and` skipped it).
-            robots_obey=all(
-                [
-                    as_bool(settings, "ROBOTSTXT_OBEY"),
-                    as_bool(settings, "THROTTLING_ROBOTSTXT_OBEY", True),
-                ]
-            ),
+            robots_obey=as_bool(settings, "ROBOTSTXT_OBEY") and obey_slotkit,
+            redis_timeout=check_redis_settings(settings),
             robots_max_delay=_number(
                 "THROTTLING_ROBOTSTXT_MAX_DELAY",
                 settings.get("THROTTLING_ROBOTSTXT_MAX_DELAY", 60.0),

@@ -88,7 +88,6 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
         normalize_scopes,
         scope_kind,
     )
-    from slotkit.redis_settings import check_redis_url, redis_timeout
     from slotkit.scope_managers import check_scope_managers
     from slotkit.settings import DOMAIN, SettingsError, ThrottlingSettings
     from slotkit.status import DEFAULT_INTERVAL
@@ -101,11 +100,7 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
     crawler = _build_crawler(settings)
     settings = crawler.settings
     config = ThrottlingSettings.from_settings(settings)
-    # What else the crawl refuses at start, so no setting it refuses is explained.
-    check_scope_managers(config)
-    redis_timeout(settings)
-    if settings.get("THROTTLING_REDIS_URL"):
-        check_redis_url(str(settings.get("THROTTLING_REDIS_URL")))
+    check_scope_managers(config)  # as the crawl does, so what it refuses is not explained
     stats_interval = _number(
         "THROTTLING_STATS_INTERVAL", settings.get("THROTTLING_STATS_INTERVAL", DEFAULT_INTERVAL)
     )

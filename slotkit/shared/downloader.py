@@ -35,7 +35,6 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_installed
 
 from slotkit.downloader import Downloader
-from slotkit.redis_settings import check_redis_url, redis_timeout
 from slotkit.shared.client import AsyncioRedisBackend, Backend, TwinBackend
 from slotkit.shared.manager import SharedScopeManager
 from slotkit.shared.threaded import ThreadedRedisBackend
@@ -71,8 +70,7 @@ def local_store(clock: IReactorTime) -> TwinStore:
 
 
 def make_backend(url: str, timeout: float, clock: IReactorTime) -> Backend:
-    """The backend for *url*, matched to the reactor in use."""
-    check_redis_url(url)
+    """The backend for *url* (checked by ``ThrottlingSettings``), matched to the reactor in use."""
     if url == "local":
         return TwinBackend(local_store(clock))
     if not is_reactor_installed() or is_asyncio_reactor_installed():
@@ -93,7 +91,7 @@ class SharedDownloader(Downloader):
         url = settings.get("THROTTLING_REDIS_URL")
         self.shared: SharedThrottle | None = None
         super().__init__(crawler, clock)
-        timeout = redis_timeout(settings)  # checked with or without a URL
+        timeout = self.config.redis_timeout
         if backend is None and not url:
             return
         if backend is None:
