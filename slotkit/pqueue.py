@@ -17,7 +17,9 @@ class can resume a job directory the other wrote. On top of that:
    :meth:`~ThrottlingAwarePriorityQueue.next_ready_in` says when the soonest
    held-back slot comes due. A "not yet" is remembered per slot: a finite
    wait until it has passed, ``math.inf`` (full until a download finishes)
-   until any request leaves the downloader. Only a loosened limit (say,
+   until any request leaves the downloader; a finite wait also ends when a
+   request of that slot leaves (a scope's first request holds the next one
+   until it ends). Only a loosened limit (say,
    AutoThrottle lowering a delay) makes a scope ready earlier than
    remembered; the slot then goes at the old time, never too early.
 3. **Requests in transit.** Scrapy hands a request to the downloader through
@@ -121,6 +123,7 @@ class ThrottlingAwarePriorityQueue:
         #: slot key -> when it was last served (a counter), for fairness among equals.
         self._served: dict[str, int] = {}
         self._turn = itertools.count(1)
+        self.readiness.on_departure(self)
         if isinstance(slot_startprios, Mapping):
             for slot, startprios in slot_startprios.items():
                 queue = self.pqfactory(slot, startprios)
@@ -337,6 +340,13 @@ class ThrottlingAwarePriorityQueue:
         if request is not None:
             self.readiness.handed_out(request)
         return request
+
+    def departed(self, slot: str) -> None:
+        """A request of *slot* left the downloader: a finite wait remembered for it
+        may now be too long (``math.inf`` ones are re-asked by generation anyway)."""
+        cached = self._due.get(slot)
+        if cached is not None and not math.isinf(cached[0]):
+            del self._due[slot]
 
     def _forget(self, slot: str) -> None:
         self._heads.pop(slot, None)

@@ -43,6 +43,8 @@ class Readiness:
         self.transit: dict[Request, tuple[str, ...]] = {}
         self.transit_scopes: Counter[str] = Counter()
         self._waker: weakref.WeakMethod[Callable[[], None]] | None = None
+        #: Queues told which slot a departing request belonged to (see on_departure).
+        self._queues: weakref.WeakSet[Any] = weakref.WeakSet()
         crawler.signals.connect(self._arrived, signal=signals.request_reached_downloader)
         crawler.signals.connect(self._left, signal=signals.request_left_downloader)
 
@@ -52,6 +54,16 @@ class Readiness:
         Held weakly, like everything here that could keep a crawler alive.
         """
         self._waker = None if method is None else weakref.WeakMethod(method)
+
+    def on_departure(self, queue: Any) -> None:
+        """Call ``queue.departed(slot)`` whenever a request of that slot leaves the downloader.
+
+        Held weakly. A wait remembered for a slot can end sooner when one of
+        its requests ends: the gap after a scope's first request runs from
+        that request's end, so its scope answers "a second from now" while it
+        is in flight (see ``OPENING_ALLOWANCE`` in :mod:`slotkit.scope`).
+        """
+        self._queues.add(queue)
 
     @property
     def downloader(self) -> Any:
@@ -157,6 +169,10 @@ class Readiness:
     def _left(self, request: Request, spider: Any = None) -> None:
         self._drop(request)
         self.generation += 1
+        if self._queues:
+            slot = self.downloader.get_slot_key(request)
+            for queue in list(self._queues):
+                queue.departed(slot)
 
 
 _readiness: WeakKeyDictionary[Crawler, Readiness] = WeakKeyDictionary()

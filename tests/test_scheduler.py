@@ -28,7 +28,7 @@ from slotkit.downloader import Downloader
 from slotkit.manager import normalize_scopes
 from slotkit.pqueue import ThrottlingAwarePriorityQueue
 from slotkit.scheduler import ThrottlingAwareScheduler, check_priority_queue
-from slotkit.scope import ThrottlingScopeManager
+from slotkit.scope import OPENING_ALLOWANCE, ThrottlingScopeManager
 from slotkit.validation import SettingsError
 
 ONE_DELAY = 10.0
@@ -432,6 +432,31 @@ def test_what_the_queue_hands_out_passes_the_gate_at_once() -> None:
     engine.fetch(second)
     engine.arrive(second)
     assert url_of(second) == "http://slow.example/1"
+
+
+def test_a_first_response_slower_than_the_delay_does_not_hold_the_next_one_longer() -> None:
+    """The scope's first request still in flight when the delay has run: the queue
+    is told to ask again a second later (OPENING_ALLOWANCE). When that request
+    ends sooner, its slot is asked afresh: the next request goes a delay after the
+    end, not at the remembered time (up to a second late before)."""
+    delay, answer = 0.3, 0.5
+    crawler, downloader, engine, _, clock = slotkit_setup(
+        {"THROTTLING_SCOPES": {"slow.example": {"delay": delay}}}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    for n in range(2):
+        queue.push(req("slow.example", n))
+    first = queue.pop_ready()
+    engine.fetch(first)
+    engine.arrive(first)
+    clock.advance(delay)
+    assert queue.pop_ready() is None  # the first is still in flight
+    assert queue.next_ready_in() == pytest.approx(OPENING_ALLOWANCE)
+    clock.advance(answer - delay)
+    engine.finish(first)
+    assert queue.next_ready_in() == pytest.approx(delay)
+    clock.advance(delay)
+    assert url_of(queue.pop_ready()) == "http://slow.example/1"
 
 
 def test_transit_does_not_block_a_scope_with_room() -> None:
