@@ -363,6 +363,15 @@ def test_meta_selects_scopes(capsys):
     assert limit(data, "users", "delay")[0] == 5.0
 
 
+@pytest.mark.parametrize("meta", ['{"throttling_scopes": 5}', '{"throttling_scopes": {"a": -1}}'])
+def test_a_bad_throttling_scopes_meta_is_blamed_on_the_meta(capsys, meta):
+    """Not on a get_scopes() the user never wrote."""
+    status = main(["explain", "https://example.com/", "--meta", meta])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert captured.err.startswith("error: the throttling_scopes meta (--meta) ")
+
+
 def test_download_slot_meta_is_a_domain_scope(capsys):
     """A user's download_slot meta names the scope and counts as a domain (per-domain default)."""
     data = explain_json(capsys, "https://example.com/", "--meta", '{"download_slot": "shared"}')

@@ -128,6 +128,11 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
     if why_not is not None:
         manager_note = f"{why_not}; showing the default scopes (ThrottlingManager) instead"
         raw = ThrottlingManager(crawler).get_scopes(request)
+    if (
+        type(getattr(manager, "inner", manager)).get_scopes is ThrottlingManager.get_scopes
+        and request.meta.get("throttling_scopes") is not None
+    ):
+        where = "the throttling_scopes meta (--meta)"  # the default manager passes it on
     try:
         scopes = normalize_scopes(raw, where=where)
     except TypeError as exc:
