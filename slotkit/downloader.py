@@ -106,6 +106,7 @@ class Downloader(ScopeControl, SpiderClosing):
         )
         self._default_delay: float | None = None
         self._kind_hints: dict[str, str] = dict.fromkeys(self.config.slots, DOMAIN)
+        self._site_scope_joins: dict[tuple[str, str], bool] = {}
         self.stats = ThrottlingStats(crawler.stats, self.config.warn_threshold)
         self.gate = Gate(self._clock, on_dispatch=self._dispatched)
         self.registry = ScopeRegistry(

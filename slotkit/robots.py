@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotkit")
 
-__all__ = ["CrawlDelays", "apply_crawl_delay"]
+__all__ = ["CrawlDelays", "apply_crawl_delay", "overrides_robots"]
 
 ROBOTS = "robots.txt"
 #: Settings whose values for a scope win over its robots.txt.
@@ -66,11 +66,7 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
         # The site asked for at least this gap: jitter may lengthen it, never
         # shorten it (RANDOMIZE_DOWNLOAD_DELAY's ±50% would go to half).
         jitter = (0.0, max(0.0, jitter[1]))
-    origin = sources.get("concurrency")
-    if origin == CAPPED_SOURCE:
-        # A configured 32 capped by CONCURRENT_REQUESTS = 16 is still configured
-        # (a probe saw it silently replaced by robots.txt's 1).
-        origin = sources.get(UNCAPPED_CONCURRENCY_SOURCE)
+    origin = _concurrency_origin(sources)
     if origin in EXPLICIT:
         if concurrency > 1:
             faster.append(f"concurrency {concurrency} (robots.txt implies 1)")
@@ -90,6 +86,32 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
     if faster and not config.ignore_robots_txt:
         warning = f"{', '.join(faster)}. {_advice(origins)}"
     return updated, warning
+
+
+def overrides_robots(config: ScopeConfig) -> bool:
+    """Whether *config* sets its own pace: a delay or concurrency configured for
+    that very scope, or ``ignore_robots_txt``.
+
+    A request whose first scope is not its site's (domain grouping, a
+    ``download_slot``, the ``throttling_scopes`` meta) is also held by its
+    site's scope when the site has a Crawl-delay, unless that first scope
+    says so.
+    """
+    if config.ignore_robots_txt or config.sources.get("delay") in EXPLICIT:
+        return True
+    return _concurrency_origin(config.sources) in EXPLICIT
+
+
+def _concurrency_origin(sources: Mapping[str, str]) -> str | None:
+    """Where a scope's concurrency was configured, looking through the crawl-wide cap.
+
+    A configured 32 capped by CONCURRENT_REQUESTS = 16 is still configured (a
+    probe saw it silently replaced by robots.txt's 1).
+    """
+    origin = sources.get("concurrency")
+    if origin == CAPPED_SOURCE:
+        origin = sources.get(UNCAPPED_CONCURRENCY_SOURCE)
+    return origin
 
 
 def _advice(origins: set[str]) -> str:
@@ -171,6 +193,19 @@ class CrawlDelays:
             larger = max(delay, self.delays.get(scope_id, 0.0))
             self.delays[scope_id] = larger
             self._on_delay(scope_id, larger)
+
+    def site_delay(self, request: Request) -> tuple[str, float] | None:
+        """The scope id of *request*'s site and its Crawl-delay, if robots.txt gave one.
+
+        The id is the one :meth:`_robots_parsed` stored the delay under: the
+        host name, or ``host:port`` for a port with a scope of its own.
+        """
+        if not self.delays:
+            return None
+        parsed = urlparse_cached(request)
+        site = self._netloc_sites.get(netloc_of(parsed.netloc)) or parsed.hostname or ""
+        delay = self.delays.get(site)
+        return None if delay is None else (site, delay)
 
     def warn_once(self, scope_id: str, warning: str) -> None:
         """Log, once per scope, that its configuration is faster than its robots.txt asks."""

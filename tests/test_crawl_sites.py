@@ -200,6 +200,64 @@ async def test_registrable_domain_grouping(mock_site: MockSite) -> None:
     assert mock_site.recorder.max_concurrency() == 2
 
 
+BOOKS = "books.toscrape.com"
+
+
+@pytest.mark.parametrize(
+    ("settings", "meta"),
+    [
+        ({"THROTTLING_DOMAIN_GROUPING": "registrable_domain"}, {}),
+        ({}, {"download_slot": "books"}),
+        ({}, {"throttling_scopes": ["api"]}),
+    ],
+    ids=["registrable-domain", "download-slot", "throttling-scopes-meta"],
+)
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_holds_a_site_whose_scope_has_another_name(
+    mock_site: MockSite, settings: dict[str, Any], meta: dict[str, Any]
+) -> None:
+    """Acceptance probe: grouped under toscrape.com (or a download_slot, or a
+    custom scope) books.toscrape.com's 1 s Crawl-delay was ignored (3 ms gaps,
+    2 in flight). The site's own scope now joins the request's scopes."""
+    mock_site.set_robots(BOOKS, f"User-agent: *\nCrawl-delay: {CRAWL_DELAY}\n")
+    urls = [
+        {"url": f"http://{BOOKS}:{mock_site.port}/page/{i}?delay=0.05", "meta": meta}
+        for i in range(4)
+    ]
+    settings = {
+        **SLOTKIT,
+        **settings,
+        "ROBOTSTXT_OBEY": True,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve={BOOKS: HOST})
+    assert len(result.responses) == 4
+    assert min(result.dispatch_gaps(BOOKS, path_prefix="/page")) >= CRAWL_DELAY - 0.001
+    assert mock_site.recorder.max_in_flight[BOOKS] == 1
+    assert "more aggressive" not in result.log_text
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_configured_group_scope_keeps_its_pace_with_one_warning(
+    mock_site: MockSite,
+) -> None:
+    """A group scope with its own THROTTLING_SCOPES delay is respected, as a site scope
+    would be: the site's Crawl-delay does not join, and one warning says so."""
+    mock_site.set_robots(BOOKS, "User-agent: *\nCrawl-delay: 5\n")
+    urls = [f"http://{BOOKS}:{mock_site.port}/page/{i}?delay=0.2" for i in range(3)]
+    settings = {
+        **SLOTKIT,
+        "ROBOTSTXT_OBEY": True,
+        "THROTTLING_DOMAIN_GROUPING": "registrable_domain",
+        "THROTTLING_SCOPES": {"toscrape.com": {"delay": 0.0, "concurrency": 2}},
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve={BOOKS: HOST})
+    assert len(result.responses) == 3
+    assert mock_site.recorder.max_in_flight[BOOKS] == 2  # robots.txt would allow 1
+    assert result.log_text.count("more aggressive than its robots.txt") == 1
+    assert "scope 'toscrape.com'" in result.log_text
+
+
 def test_bad_grouping_is_refused() -> None:
     """An unknown THROTTLING_DOMAIN_GROUPING value names the accepted ones."""
     from scrapy.settings import Settings
