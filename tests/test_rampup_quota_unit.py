@@ -221,6 +221,20 @@ def test_oversized_request_goes_alone() -> None:
     assert quota.wait(1.0, 1.0) == pytest.approx(WINDOW - 1.0)
 
 
+def test_oversized_request_waits_for_units_whose_sum_rounds_differently() -> None:
+    """Acceptance probe: the running count (1.0) and the sum of the units counted
+    (0.9999999999999999) differed by rounding, and a request larger than the
+    whole quota went while every unit was still counted (53.4 units in a window
+    of 20). It waits until the last of them expires."""
+    quota = Quota(limit=1.0, window=WINDOW)
+    amounts = (0.1, 0.2, 0.7)
+    for index, amount in enumerate(amounts):
+        quota.start(index * 0.01, amount)
+    for ended, index in enumerate((1, 2, 0)):
+        quota.finish(1.0 + ended * 0.01, index * 0.01, amounts[index])
+    assert quota.wait(1.1, 5.0) == pytest.approx(1.02 + WINDOW - 1.1)
+
+
 def test_scope_quota_uses_request_amounts() -> None:
     """can_send and record_sent take the request's amount."""
     scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
