@@ -8,7 +8,9 @@ The throttling manager says what a response or an exception means
 * a trigger advances the scope's backoff one step, except for a response to
   a request dispatched before the scope's current step began: N requests in
   flight answered 429 together are one signal, not N;
-* quota corrections go to ``reconcile_quota``.
+* quota corrections go to ``reconcile_quota``;
+* a server's remaining count with its reset becomes the scope's budget
+  until then (:mod:`slotkit.server_budget`).
 """
 
 from __future__ import annotations
@@ -87,8 +89,24 @@ class Feedback:
                     resets(record.reset, now)
                 scope.manager.reconcile_quota(record.consumed, record.remaining, now)
                 changed = True
+            if record.remaining is not None and record.reset is not None:
+                self._learn_budget(scope, ticket, record, now)
             if changed:
                 self._gate.poke(scope)
+
+    def _learn_budget(self, scope: Scope, ticket: Waiter, record: ScopeBackoff, now: float) -> None:
+        """The server takes ``remaining`` more requests until its reset (an optional hook).
+
+        The reset is a server's figure like any wait hint: capped at the
+        scope's ``max_delay``, as the hold of a spent count is.
+        """
+        learns = getattr(scope.manager, "record_server_budget", None)
+        if learns is None:
+            return
+        if record.remaining is None or record.reset is None:  # pragma: no cover - caller checked
+            return
+        reset, _ = capped(record.reset, self._config.backoff_config(scope.id))
+        learns(record.remaining, reset, ticket.left_at, now, record.limit)
 
     def _hold(self, scope: Scope, delay: float, now: float) -> None:
         config = self._config.backoff_config(scope.id)

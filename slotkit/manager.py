@@ -152,7 +152,9 @@ class ThrottlingManager:
           triggered; a wait hint in the headers (``Retry-After``,
           ``RateLimit``, ``X-RateLimit-*`` ...) becomes its hard minimum.
         * Every scope with a quota takes the server's remaining count
-          (``RateLimit`` / ``X-RateLimit-Remaining``) as the truth.
+          (``RateLimit`` / ``X-RateLimit-Remaining``) as the truth, and every
+          scope the request spends one unit in sends no more than that count
+          (less what left since) until the server's reset.
         * A server that says its quota is spent (remaining ``0``) and when it
           resets holds every scope the request spends one unit in until
           then, with or without a quota configured: the next request would
@@ -194,8 +196,17 @@ class ThrottlingManager:
                 and (quota or not controller.is_address_of_host(request, scope_id))
             ):
                 record = replace(record, delay=hint.delay)
-            if counted and hint.remaining is not None and quota:
-                record = replace(record, remaining=hint.remaining, reset=hint.reset)
+            # The server's remaining count: the truth for a quota, and a budget
+            # until its reset for any scope it counts (not the IP scope of a
+            # host name, as above).
+            if (
+                counted
+                and hint.remaining is not None
+                and (quota or not controller.is_address_of_host(request, scope_id))
+            ):
+                record = replace(
+                    record, remaining=hint.remaining, reset=hint.reset, limit=hint.limit
+                )
             if record != _NOTHING:
                 result[scope_id] = record
         return AwaitableDict(result)

@@ -20,7 +20,9 @@ class ScopeBackoff:
     ``trigger``: slow the scope down one backoff step. ``delay``: hold it at
     least this many seconds (a server hint). ``consumed`` / ``remaining``:
     correct its quota bookkeeping. ``reset``: with ``remaining``, the seconds
-    until the server counts afresh (what a spent count lasts).
+    until the server counts afresh (what a spent count lasts, and the
+    scope's budget of ``remaining`` requests). ``limit``: the server's count
+    per window, the budget of each window after the reset.
     """
 
     trigger: bool = False
@@ -28,6 +30,7 @@ class ScopeBackoff:
     consumed: float | None = None
     remaining: float | None = None
     reset: float | None = None
+    limit: float | None = None
 
 
 #: What ``get_response_backoff`` returns: ``None`` or scope id -> :class:`ScopeBackoff`.

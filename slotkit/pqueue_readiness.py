@@ -132,6 +132,8 @@ class Readiness:
         manager = scope.manager
         if getattr(manager, "quota", None) is not None:
             return True
+        if getattr(manager, "server_budget", None) is not None:
+            return True  # what the server said is left may be one request
         delay = getattr(manager, "current_delay", None)
         active = getattr(manager, "active", None)
         concurrency = getattr(manager, "concurrency", None)

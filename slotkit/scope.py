@@ -18,6 +18,7 @@ from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor, next_backoff, recover
 from slotkit.quota import Quota
 from slotkit.rampup import Rampup, RampupConfig, rampup_from_dict
+from slotkit.server_budget import ServerBudget
 from slotkit.validation import NO_JITTER, Jitter, parse_jitter
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class ThrottlingScopeManager:
         "rampup",
         "recoveries",
         "recovers_at",
+        "server_budget",
         "steps",
         "triggers",
     )
@@ -114,6 +116,8 @@ class ThrottlingScopeManager:
         self.max_concurrency = ceiling = concurrency if concurrency > floor else floor
         self.concurrency = ceiling
         self.quota = None if quota is None else Quota(quota, window)
+        #: What the server said is left until its reset (see record_server_budget).
+        self.server_budget: ServerBudget | None = None
         self.rampup = None if rampup is None else Rampup(rampup)
         if rampup is not None:
             # Rampup probes upwards: start at the floor, climb while the site allows.
@@ -190,6 +194,8 @@ class ThrottlingScopeManager:
         wait = next_allowed - now
         if self.quota is not None:
             wait = max(wait, self.quota.wait(now, 1.0 if amount is None else amount))
+        if self.server_budget is not None:
+            wait = max(wait, self.server_budget.wait(now))
         if wait <= 0:
             return 0.0
         if now >= self.hold_until:
@@ -207,6 +213,8 @@ class ThrottlingScopeManager:
         self._factor = self._draw_factor()
         if self.quota is not None:
             self.quota.start(now, 1.0 if amount is None else amount)
+        if self.server_budget is not None:
+            self.server_budget.record_sent(now)
         if self.rampup is not None:
             self.rampup.record_sent(now)
 
@@ -311,6 +319,25 @@ class ThrottlingScopeManager:
         """
         if self.quota is not None:
             self.quota.reset_at = now + reset
+
+    def record_server_budget(
+        self,
+        remaining: float,
+        reset: float,
+        sent_at: float,
+        now: float,
+        limit: float | None = None,
+    ) -> None:
+        """A response to the request sent at *sent_at* says the server takes
+        *remaining* more requests in the *reset* seconds after *now* (and
+        *limit* per window after that, if it said).
+
+        An optional hook (not part of the interface): until then the scope
+        sends only what is left (see :mod:`slotkit.server_budget`).
+        """
+        if self.server_budget is None:
+            self.server_budget = ServerBudget()
+        self.server_budget.learn(remaining, reset, sent_at, now, self.active, limit)
 
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))

@@ -1,0 +1,117 @@
+"""What a server says is left of its request count until its reset.
+
+A response with ``RateLimit-Remaining: 3`` and a reset in 10 s says: three
+more requests until then. Requests sent after that response's request left
+are not in the server's figure yet, so they come off it. Until the reset,
+a scope sends only what is left; after it, the budget is unknown again
+until a response states a new one. Without this, a scope whose concurrency
+exceeds what the server has left sent the rest into 429s, once per server
+window (a probe: 29 of 149 requests at concurrency 8), and a quota shared
+with another client was counted by slotkit's own sliding window only.
+
+Each request counts as one: the headers count requests, whatever amount
+the request spends in a configured quota.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+__all__ = ["ServerBudget"]
+
+#: Dispatches remembered to tell how many left after a given one. More than
+#: this since one request's dispatch means no budget a server announces is left.
+HISTORY = 1024
+#: Resets this close together are taken for the same server window (the
+#: headers give whole seconds).
+SAME_WINDOW = 1.0
+
+
+class ServerBudget:
+    """Requests a scope may still send before the server's count resets.
+
+    Created when a scope's first budget is learnt (most scopes never get
+    one), so its dispatch history starts then. When the server also stated
+    its limit, a reset starts a new budget of that limit for as long as the
+    longest reset seen (a fresh window), so the scope does not send a burst
+    of its whole concurrency into a window it knows the size of.
+    """
+
+    __slots__ = ("left", "limit", "span", "until", "_sent")
+
+    def __init__(self) -> None:
+        #: Requests the server will still take before :attr:`until`.
+        self.left = math.inf
+        #: When the server's count resets (the budget is unknown from then on).
+        self.until = -math.inf
+        #: The server's limit per window, if it said (the budget after a reset).
+        self.limit: float | None = None
+        #: The longest reset seen: about the server's window.
+        self.span = 0.0
+        #: Dispatch times since this budget was created, oldest first.
+        self._sent: list[float] = []
+
+    def record_sent(self, now: float) -> None:
+        """A request of the scope left at *now*."""
+        sent = self._sent
+        sent.append(now)
+        if len(sent) > 2 * HISTORY:
+            del sent[:HISTORY]
+        self._roll(now)
+        if now < self.until:
+            self.left -= 1
+
+    def learn(
+        self,
+        remaining: float,
+        reset: float,
+        sent_at: float,
+        now: float,
+        active: int,
+        limit: float | None = None,
+    ) -> None:
+        """A response to a request sent at *sent_at* says *remaining* are left for *reset* s.
+
+        *active* counts the scope's requests in flight, this one included:
+        until the history covers *sent_at*, all the others count as sent
+        after it (on the safe side).
+        """
+        sent = self._sent
+        if sent and sent[0] <= sent_at:
+            # Requests that left in the same reactor turn share its time: they
+            # count as later (on the safe side), this one excepted.
+            since = len(sent) - bisect.bisect_left(sent, sent_at) - 1
+        else:
+            since = len(sent) + max(0, active - 1)
+        left = remaining - max(0, since)
+        until = now + reset
+        if limit is not None and limit > 0:
+            self.limit = limit
+        if reset > self.span:
+            self.span = reset
+        self._roll(now)
+        if now >= self.until or until > self.until + SAME_WINDOW:
+            self.left, self.until = left, until  # a new window
+        elif until >= self.until - SAME_WINDOW:
+            # The same window: the tighter figure wins (responses come back
+            # out of order, and resets are given in whole seconds).
+            self.left = min(self.left, left)
+            self.until = max(self.until, until)
+        # else: a late response from a window that has ended since
+
+    def wait(self, now: float) -> float:
+        """Seconds until the scope may send one more request (``0.0``: now)."""
+        self._roll(now)
+        if now >= self.until or self.left >= 1:
+            return 0.0
+        return self.until - now
+
+    def _roll(self, now: float) -> None:
+        """Past the reset, a server that stated its limit starts a fresh window."""
+        if now < self.until or self.limit is None or not math.isfinite(self.until):
+            return
+        # Windows missed entirely (no request for a while) are skipped.
+        missed = math.floor((now - self.until) / self.span)
+        self.until += (missed + 1) * self.span
+        self.left = self.limit
