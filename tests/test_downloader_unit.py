@@ -745,6 +745,30 @@ def test_a_spent_server_quota_leaves_the_ip_scope_of_a_host_name_alone(url, held
     downloader.close()
 
 
+@pytest.mark.parametrize(
+    ("url", "triggered"),
+    [("https://a.example/1", {"a.example"}), ("https://10.0.0.1/1", {"10.0.0.1"})],
+)
+@pytest.mark.parametrize("headers", [{}, {"Retry-After": "5"}])
+def test_a_sites_response_does_not_back_off_the_ip_scope_of_its_host_name(url, triggered, headers):
+    """Acceptance probe: one site's 503s backed off the address it shares with
+    another site (CONCURRENT_REQUESTS_PER_IP), whose 40 pages went from 0.2 s to
+    105 s. A response speaks for its site; a request to the address itself
+    still backs the address off."""
+    downloader, _clock = make_downloader()
+    request = Request(url)
+    downloader._scope_ids[request] = {urlparse_cached(request).hostname: None, "10.0.0.1": None}
+    for scope_id in downloader._scope_ids[request]:
+        downloader.registry.get(scope_id)
+    response = Response(request.url, status=503, headers=headers, request=request)
+    backoff = downloader.manager.get_response_backoff(response)
+    assert {scope_id for scope_id, record in backoff.items() if record.trigger} == triggered
+    assert {scope_id for scope_id, record in backoff.items() if record.delay} == (
+        triggered if headers else set()
+    )
+    downloader.close()
+
+
 def test_an_entry_keyed_host_and_port_names_that_ports_scope(caplog):
     """Default scopes are host names, but an entry keyed 'host:port' (as the spec's
     recipes name sites) gives that port's requests their own scope, without a warning."""
