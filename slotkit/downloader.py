@@ -268,12 +268,16 @@ class Downloader(ScopeControl, SpiderClosing):
             request=request,
             spider=self.crawler.spider,
         )
-        started = self._clock.seconds()
+        arrived = self._clock.seconds()
+        # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
+        limited_since: float | None = None
         delay = _request_delay(request)
         try:
             while True:
                 try:
-                    ticket = await self._acquire(request, scopes, amounts, delay)
+                    ticket = await self._acquire(
+                        request, scopes, amounts, delay, None if limited_since is None else arrived
+                    )
                 except GateClosedError:
                     # Each request the close cut off ends here once: at the gate,
                     # arriving after (a lookup released), or waiting for a shared store.
@@ -293,7 +297,9 @@ class Downloader(ScopeControl, SpiderClosing):
                 if not signal:
                     self.resender.recovered(scopes)
                     return response
-                if not self.resender.should_resend(request, response, scopes, started):
+                if limited_since is None:
+                    limited_since = self._clock.seconds()
+                if not self.resender.should_resend(request, response, scopes, limited_since):
                     return response
         finally:
             send_if_heard(
@@ -304,13 +310,18 @@ class Downloader(ScopeControl, SpiderClosing):
             )
 
     async def _acquire(
-        self, request: Request, scopes: list[Scope], amounts: list[float | None], delay: float
+        self,
+        request: Request,
+        scopes: list[Scope],
+        amounts: list[float | None],
+        delay: float,
+        arrived: float | None = None,
     ) -> Waiter:
         ticket = None if delay else self.gate.try_acquire(request, scopes, amounts)
         if ticket is not None:
             return ticket
         entered = self._clock.seconds()
-        waiting = self.gate.acquire(request, scopes, amounts, request.priority, delay)
+        waiting = self.gate.acquire(request, scopes, amounts, request.priority, delay, arrived)
         self.stats.waiting(len(self.gate.waiting))
         if self.config.debug:
             logger.debug("slotkit: %s waits for %s", request, [repr(s) for s in scopes])

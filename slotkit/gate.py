@@ -164,15 +164,18 @@ class Gate:
         amounts: Sequence[float | None],
         priority: int = 0,
         delay: float = 0.0,
+        arrived: float | None = None,
     ) -> Deferred[Waiter]:
         """Return a Deferred that fires with a ticket once every scope allows *request*.
 
         *delay* (the ``throttling_delay`` meta) holds the request that long
-        before it starts competing for its scopes. Cancelling the Deferred
-        withdraws the request from every scope.
+        before it starts competing for its scopes. *arrived* keeps the place
+        of a request that waited before (one re-sent after a rate limit):
+        behind every newcomer it took the 429s for all of them. Cancelling
+        the Deferred withdraws the request from every scope.
         """
         now = self._clock.seconds()
-        arrival = now - quota_head_start(scopes, amounts)
+        arrival = (now if arrived is None else arrived) - quota_head_start(scopes, amounts)
         waiter = Waiter(request, scopes, amounts, (-priority, arrival, next(self._seq)))
         waiter.deferred = Deferred(lambda _: self._cancel(waiter))
         if self._closed:

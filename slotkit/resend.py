@@ -19,8 +19,11 @@ Limits, so that a site that never recovers cannot keep a crawl alive:
   response switches re-sending off too; ``BACKOFF_RESEND = False`` turns it
   off alone. The scope backs off either way.
 * A request stops being re-sent once ``BACKOFF_RESEND_TIMEOUT`` seconds have
-  passed since it first reached the downloader; the last response then goes
-  on as usual, logged and counted (``throttling/backoff/stalled``).
+  passed since its first rate-limited response (the time it queued before
+  that is not rate limiting); the last response then goes on as usual,
+  logged and counted (``throttling/backoff/stalled``).
+* A re-sent request keeps its place among the scope's waiting requests:
+  queued behind newcomers, it would take the 429s for all of them.
 * A scope where a request stalled is marked stalled: its next signals are
   handed on at once, until one of its responses is not a signal.
 
@@ -88,15 +91,18 @@ class Resender:
             )
 
     def should_resend(
-        self, request: Request, response: Response, scopes: list[Scope], started: float
+        self, request: Request, response: Response, scopes: list[Scope], limited_since: float
     ) -> bool:
-        """True to send *request* again; False to hand *response* on."""
+        """True to send *request* again; False to hand *response* on.
+
+        *limited_since*: when the first rate-limit signal for this request came.
+        """
         if not self.enabled or not self._retry_would_take(request, response):
             return False
         if any(scope.stalled for scope in scopes):
             self._stats.inc("backoff/handed_on_stalled")
             return False
-        waited = self._clock.seconds() - started
+        waited = self._clock.seconds() - limited_since
         if waited >= self.timeout:
             for scope in scopes:
                 scope.stalled = True

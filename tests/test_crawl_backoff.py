@@ -186,6 +186,24 @@ async def test_always_429_scope_ends_and_healthy_scope_finishes(mock_site: MockS
 
 
 @pytest_twisted.ensureDeferred
+async def test_resend_timeout_runs_from_the_first_429_not_from_the_queue(
+    mock_site: MockSite,
+) -> None:
+    """Acceptance probe: a request that queued longer than BACKOFF_RESEND_TIMEOUT
+    behind the delay was 'stalled' on its first 429 (handed on, a retry spent,
+    its scope marked stalled). The timeout is about rate limiting only."""
+    mock_site.set_behaviour(
+        HOST, fail_first(1, 429, headers={"Retry-After": "1"}), path_prefix="/page/7"
+    )
+    settings = {**SLOTKIT, "DOWNLOAD_DELAY": 0.2, "BACKOFF_RESEND_TIMEOUT": 1.0}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 9))
+    assert sorted(r.status for r in result.responses) == [200] * 9
+    assert "throttling/backoff/stalled" not in result.stats
+    assert result.stats["throttling/backoff/resent"] == 1
+    assert "retry/count" not in result.stats
+
+
+@pytest_twisted.ensureDeferred
 async def test_random_429s_lose_no_page(mock_site: MockSite) -> None:
     """A site answering 429 to 30% of requests loses nothing with default RETRY_TIMES."""
     mock_site.set_behaviour(HOST, random_failures(0.3, 429, seed=7))

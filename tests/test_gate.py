@@ -53,11 +53,18 @@ class Harness:
         return Scope(scope_id, manager)
 
     def acquire(
-        self, name: str, *scopes: Scope, priority: int = 0, delay: float = 0.0
+        self,
+        name: str,
+        *scopes: Scope,
+        priority: int = 0,
+        delay: float = 0.0,
+        arrived: float | None = None,
     ) -> Deferred[Waiter]:
         request = Request(f"https://example.com/{name}", priority=priority)
         self.requests[name] = request
-        deferred = self.gate.acquire(request, scopes, [None] * len(scopes), priority, delay)
+        deferred = self.gate.acquire(
+            request, scopes, [None] * len(scopes), priority, delay, arrived
+        )
 
         def fired(ticket: Waiter) -> Waiter:
             self.fired.append((name, self.clock.seconds()))
@@ -348,6 +355,20 @@ def test_fifo_within_equal_priority():
     for name in "abcd":
         h.release(name)
     assert h.names() == list("abcde")
+
+
+def test_a_request_sent_again_keeps_its_place():
+    """Acceptance probe: a request re-sent after a 429 queued behind every
+    newcomer, so against a steady limit the same few pages took all the 429s
+    (one page sent 13 times). Given its first arrival, it goes first."""
+    h = Harness()
+    scope = h.scope("example.com", concurrency=1)
+    h.acquire("running", scope)
+    h.clock.advance(TICK)
+    h.acquire("newer", scope)
+    h.acquire("again", scope, arrived=0.0)  # first arrived before "newer"
+    h.release("running")
+    assert h.names() == ["running", "again"]
 
 
 def test_higher_priority_first():

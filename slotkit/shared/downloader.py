@@ -146,10 +146,15 @@ class SharedDownloader(Downloader):
     # The extra step on the path of a request
 
     async def _acquire(
-        self, request: Request, scopes: list[Scope], amounts: list[float | None], delay: float
+        self,
+        request: Request,
+        scopes: list[Scope],
+        amounts: list[float | None],
+        delay: float,
+        arrived: float | None = None,
     ) -> Waiter:
         entered = self._clock.seconds()
-        ticket = await super()._acquire(request, scopes, amounts, delay)
+        ticket = await super()._acquire(request, scopes, amounts, delay, arrived)
         if self.shared is None:
             return ticket
         admitted = self._clock.seconds()
