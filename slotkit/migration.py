@@ -115,7 +115,11 @@ def _autothrottle_changes(settings: BaseSettings) -> list[Change]:
                 settings.getfloat("DOWNLOAD_DELAY"),
                 settings.getfloat("AUTOTHROTTLE_START_DELAY", 5.0),
             ),
-            "from AUTOTHROTTLE_START_DELAY: the delay scopes start at",
+            "from AUTOTHROTTLE_START_DELAY: every site's delay, lowered only where rampup is "
+            "on (one step per quiet BACKOFF_WINDOW; AutoThrottle lowered it from latency "
+            f"within seconds). Without rampup, DOWNLOAD_DELAY = "
+            f"{settings.getfloat('DOWNLOAD_DELAY')!r} (the project's own) is far faster, "
+            "and backoff still slows a site that answers 429/5xx",
         ),
         _max_delay_change(settings),
         Change(

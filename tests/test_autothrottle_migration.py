@@ -61,6 +61,17 @@ def test_migrate_report_lists_every_change() -> None:
         assert expected in text
 
 
+def test_migrate_report_says_the_start_delay_stays_without_rampup() -> None:
+    """Acceptance probe: pasted into a project that only enabled AutoThrottle, the
+    report's 'the delay scopes start at' DOWNLOAD_DELAY = 5.0 held every site at 5 s
+    gaps (4 pages in 20 s; AutoThrottle: 100). The note says so, and names the
+    project's own delay as the faster choice."""
+    text = format_report(migration_report(Settings({"AUTOTHROTTLE_ENABLED": True})))
+    assert "DOWNLOAD_DELAY = 5.0" in text
+    assert "lowered only where rampup is on" in text
+    assert "Without rampup, DOWNLOAD_DELAY = 0.0 (the project's own) is far faster" in text
+
+
 def test_migrate_report_keeps_a_backoff_max_delay_the_project_sets() -> None:
     """The project's own BACKOFF_MAX_DELAY wins at run time, so the report must
     not tell the user to replace it with AUTOTHROTTLE_MAX_DELAY (an acceptance
