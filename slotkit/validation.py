@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,12 @@ def _describe(value: object) -> str:
 def _closest(key: str, choices: frozenset[str]) -> str:
     match = difflib.get_close_matches(key, sorted(choices), n=1, cutoff=0.6)
     return f"; did you mean {match[0]!r}?" if match else ""
+
+
+logger = logging.getLogger("slotkit")
+
+#: Jitter settings already warned about (a scope's manager parses its own again).
+_WARNED_JITTER: set[str] = set()
 
 
 def _number(
@@ -109,6 +116,16 @@ def parse_jitter(where: str, value: object) -> Jitter:
             raise SettingsError(f"{where} must have low <= high (got {value!r})")
         return (low, _at_most(f"{where}[1]", high))
     magnitude = _at_most(where, _number(where, value))
+    if magnitude > 1 and where not in _WARNED_JITTER:
+        # Scrapy takes it too (its gaps are floored at 0), so it is no error.
+        _WARNED_JITTER.add(where)
+        logger.warning(
+            "slotkit: %s = %g reaches below a zero delay: some gaps will be 0 (bursts). "
+            "At most 1 keeps every gap above 0; [0, %g] lengthens gaps only.",
+            where,
+            magnitude,
+            magnitude,
+        )
     return (-magnitude, magnitude)
 
 

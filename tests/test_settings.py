@@ -640,3 +640,12 @@ def test_every_documented_setting_is_one_slotkit_reads():
     text = (Path(__file__).resolve().parent.parent / "docs" / "settings.rst").read_text()
     documented = set(re.findall(r"``((?:THROTTLING|BACKOFF|RAMPUP)_[A-Z_]+)``", text))
     assert documented == SETTING_NAMES
+
+
+def test_a_jitter_above_one_is_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Acceptance probe: {"jitter": 2} started silently and sent bursts (5 of 19
+    gaps 0 s). Scrapy accepts it too, so it is a warning, not an error."""
+    with caplog.at_level("WARNING", logger="slotkit"):
+        config = read({"THROTTLING_SCOPES": {"a.example": {"delay": 0.5, "jitter": 2}}})
+    assert config.scope_config("a.example", DOMAIN).jitter == (-2.0, 2.0)
+    assert "THROTTLING_SCOPES['a.example']['jitter'] = 2 reaches below a zero delay" in caplog.text
