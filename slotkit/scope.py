@@ -364,6 +364,8 @@ class ThrottlingScopeManager:
             return False  # the gap after the last dispatch still runs
         if self.quota is not None and self.quota.used(now) > 0:
             return False  # forgetting spent quota would let the next window overspend
+        if self.server_budget is not None and now < self.server_budget.until:
+            return False  # nor may a budget the server announced be forgotten before its reset
         last = self.last_done or NEVER
         if last_sent and last_sent > last:
             last = last_sent

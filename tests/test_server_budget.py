@@ -79,6 +79,16 @@ def test_a_stated_limit_starts_each_window_after_the_reset() -> None:
     assert budget.until == pytest.approx(10.0)
 
 
+def test_a_scope_is_not_idle_while_its_budget_runs() -> None:
+    """Evicted, the scope would forget what the server said and send into 429s."""
+    scope = ThrottlingScopeManager(concurrency=8)
+    scope.record_sent(0.0)
+    scope.record_server_budget(remaining=0, reset=30.0, sent_at=0.0, now=0.5)
+    scope.record_done(0.5)
+    assert not scope.is_idle(20.0, max_idle=1.0)
+    assert scope.is_idle(31.0, max_idle=1.0)
+
+
 def test_without_a_reset_nothing_is_learnt() -> None:
     scope = ThrottlingScopeManager(concurrency=8)
     assert scope.server_budget is None
