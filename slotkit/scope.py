@@ -392,6 +392,9 @@ class ThrottlingScopeManager:
             used, until = self.quota.snapshot(now)
             if used > 0 and until > now:
                 state["quota_used"], state["quota_until"] = used, until
+        budget = self.server_budget
+        if budget is not None and budget.until > now:
+            state["budget_left"], state["budget_until"] = budget.left, budget.until
         return state or None
 
     def import_state(self, state: dict[str, float], now: float) -> None:
@@ -405,6 +408,11 @@ class ThrottlingScopeManager:
         until = state.get("quota_until", -math.inf)
         if self.quota is not None and until > now and state.get("quota_used", 0.0) > 0:
             self.quota.spend(now, state["quota_used"], expires_in=until - now)
+        if state.get("budget_until", -math.inf) > now and "budget_left" in state:
+            # What the server said is left until its reset (requests in flight
+            # at the pause counted as sent): a resumed crawl must not burst.
+            self.server_budget = budget = ServerBudget()
+            budget.left, budget.until = state["budget_left"], state["budget_until"]
         if "backoff_delay" in state:
             self.backoff_delay = state["backoff_delay"]
             self.recovers_at = state.get("recovers_at", now + self.backoff.window)

@@ -20,9 +20,10 @@ import math
 
 __all__ = ["ServerBudget"]
 
-#: Dispatches remembered to tell how many left after a given one. More than
-#: this since one request's dispatch means no budget a server announces is left.
-HISTORY = 1024
+#: Dispatches remembered to tell how many left after a given one: about the
+#: requests a scope can have in flight. An answer to a request older than the
+#: oldest one remembered counts every remembered one as later (safe side).
+HISTORY = 128
 #: Resets this close together are taken for the same server window (the
 #: headers give whole seconds).
 SAME_WINDOW = 1.0
@@ -34,11 +35,11 @@ class ServerBudget:
     Created when a scope's first budget is learnt (most scopes never get
     one), so its dispatch history starts then. When the server also stated
     its limit, a reset starts a new budget of that limit for as long as the
-    longest reset seen (a fresh window), so the scope does not send a burst
-    of its whole concurrency into a window it knows the size of.
+    window it last announced (a fresh window), so the scope does not send a
+    burst of its whole concurrency into a window it knows the size of.
     """
 
-    __slots__ = ("left", "limit", "span", "until", "_sent")
+    __slots__ = ("basis", "left", "limit", "span", "until", "_sent")
 
     def __init__(self) -> None:
         #: Requests the server will still take before :attr:`until`.
@@ -47,9 +48,11 @@ class ServerBudget:
         self.until = -math.inf
         #: The server's limit per window, if it said (the budget after a reset).
         self.limit: float | None = None
-        #: The longest reset seen: about the server's window.
+        #: The longest reset announced for the current window: about its length.
         self.span = 0.0
-        #: Dispatch times since this budget was created, oldest first.
+        #: When the request whose answer set the current window was sent.
+        self.basis = -math.inf
+        #: Recent dispatch times, oldest first.
         self._sent: list[float] = []
 
     def record_sent(self, now: float) -> None:
@@ -57,7 +60,7 @@ class ServerBudget:
         sent = self._sent
         sent.append(now)
         if len(sent) > 2 * HISTORY:
-            del sent[:HISTORY]
+            del sent[:-HISTORY]
         self._roll(now)
         if now < self.until:
             self.left -= 1
@@ -77,6 +80,8 @@ class ServerBudget:
         until the history covers *sent_at*, all the others count as sent
         after it (on the safe side).
         """
+        if not (math.isfinite(remaining) and math.isfinite(reset)) or reset <= 0:
+            return  # no window to budget (a reset of 0 is already over)
         sent = self._sent
         if sent and sent[0] <= sent_at:
             # Requests that left in the same reactor turn share its time: they
@@ -86,19 +91,21 @@ class ServerBudget:
             since = len(sent) + max(0, active - 1)
         left = remaining - max(0, since)
         until = now + reset
-        if limit is not None and limit > 0:
-            self.limit = limit
-        if reset > self.span:
-            self.span = reset
+        self.limit = limit if limit is not None and limit > 0 else self.limit
         self._roll(now)
-        if now >= self.until or until > self.until + SAME_WINDOW:
-            self.left, self.until = left, until  # a new window
-        elif until >= self.until - SAME_WINDOW:
+        if now < self.until and abs(until - self.until) <= SAME_WINDOW:
             # The same window: the tighter figure wins (responses come back
             # out of order, and resets are given in whole seconds).
             self.left = min(self.left, left)
             self.until = max(self.until, until)
-        # else: a late response from a window that has ended since
+            self.span = max(self.span, reset)
+            self.basis = max(self.basis, sent_at)
+        elif now >= self.until or sent_at > self.basis:
+            # Another window, told by an answer to a request sent after the
+            # one that set the current window (a penalty's long reset ended,
+            # or the server counts afresh): it replaces the current one.
+            self.left, self.until, self.span, self.basis = left, until, reset, sent_at
+        # else: a late answer from a window that has ended since
 
     def wait(self, now: float) -> float:
         """Seconds until the scope may send one more request (``0.0``: now)."""
@@ -109,7 +116,9 @@ class ServerBudget:
 
     def _roll(self, now: float) -> None:
         """Past the reset, a server that stated its limit starts a fresh window."""
-        if now < self.until or self.limit is None or not math.isfinite(self.until):
+        if now < self.until or self.limit is None or self.span <= 0:
+            return
+        if not math.isfinite(self.until):
             return
         # Windows missed entirely (no request for a while) are skipped.
         missed = math.floor((now - self.until) / self.span)

@@ -60,10 +60,29 @@ def test_requests_that_left_in_the_same_turn_count_as_later() -> None:
 def test_a_late_answer_from_an_ended_window_changes_nothing() -> None:
     budget = ServerBudget()
     budget.learn(remaining=1, reset=10.0, sent_at=0.0, now=0.0, active=1)
-    budget.learn(remaining=50, reset=20.0, sent_at=0.0, now=11.0, active=1)
+    budget.learn(remaining=50, reset=20.0, sent_at=10.5, now=11.0, active=1)
     assert (budget.left, budget.until) == (50, 31.0)
-    budget.learn(remaining=0, reset=1.0, sent_at=0.0, now=12.0, active=1)
+    budget.learn(remaining=0, reset=1.0, sent_at=5.0, now=12.0, active=1)  # sent before
     assert budget.left == 50
+
+
+def test_a_later_answer_ends_a_long_reset_early() -> None:
+    """Review: a one-off 10 s penalty kept the scope at its limit per 10 s for good,
+    the server's later, shorter resets thrown away as stale."""
+    budget = ServerBudget()
+    budget.learn(remaining=0, reset=10.0, sent_at=0.0, now=0.0, active=1, limit=5)
+    budget.learn(remaining=4, reset=1.0, sent_at=0.5, now=0.6, active=1, limit=5)
+    assert (budget.left, budget.until, budget.span) == (4, 1.6, 1.0)
+    assert budget.wait(0.6) == 0.0
+
+
+@pytest.mark.parametrize("reset", [0.0, -1.0, math.inf, math.nan])
+def test_a_reset_that_names_no_window_is_ignored(reset: float) -> None:
+    """Review: a reset of 0 with a stated limit divided by zero on every request."""
+    budget = ServerBudget()
+    budget.learn(remaining=9, reset=reset, sent_at=0.0, now=0.0, active=1, limit=10)
+    budget.record_sent(0.1)
+    assert budget.wait(0.1) == 0.0
 
 
 def test_a_stated_limit_starts_each_window_after_the_reset() -> None:
@@ -87,6 +106,20 @@ def test_a_scope_is_not_idle_while_its_budget_runs() -> None:
     scope.record_done(0.5)
     assert not scope.is_idle(20.0, max_idle=1.0)
     assert scope.is_idle(31.0, max_idle=1.0)
+
+
+def test_a_budget_survives_a_pause() -> None:
+    """Review: JOBDIR kept a spent quota but not a spent budget; the resumed crawl burst."""
+    scope = ThrottlingScopeManager(concurrency=8)
+    scope.record_sent(0.0)
+    scope.record_server_budget(remaining=0, reset=30.0, sent_at=0.0, now=0.5)
+    scope.record_done(0.5)
+    state = scope.export_state(1.0)
+    assert state is not None
+    resumed = ThrottlingScopeManager(concurrency=8)
+    resumed.import_state(state, 2.0)
+    assert resumed.can_send(2.0) == pytest.approx(28.5)
+    assert resumed.can_send(31.0) == 0.0
 
 
 def test_without_a_reset_nothing_is_learnt() -> None:
