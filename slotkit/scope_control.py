@@ -285,10 +285,15 @@ class ScopeControl:
         """Whether *scope_id* is the IP scope of *request*'s host name.
 
         (``CONCURRENT_REQUESTS_PER_IP``: other sites may share it.) A request
-        to an address itself has that address for its site scope: ``False``.
+        to an address itself has that address for its site scope, and an
+        address that is the request's first scope is what it was grouped by:
+        ``False`` for both.
         """
         if scope_id == urlparse_cached(request).hostname:
             return False
+        ids = self._scope_ids.get(request)
+        if ids and next(iter(ids)) == scope_id:
+            return False  # the request's own first scope (meta "10.0.0.1", a manager's grouping)
         scope = self.registry.peek(scope_id)
         kind = scope.kind if scope is not None else scope_kind(scope_id)
         return kind == IP

@@ -769,6 +769,20 @@ def test_a_sites_response_does_not_back_off_the_ip_scope_of_its_host_name(url, t
     downloader.close()
 
 
+def test_an_address_that_is_the_requests_first_scope_is_backed_off():
+    """Review: an IP scope named by the throttling_scopes meta (or a manager
+    grouping by address) got no backoff from responses once IP scopes of host
+    names were exempt: it is what the request was grouped by."""
+    downloader, _clock = make_downloader()
+    request = Request("https://a.example/1", meta={"throttling_scopes": "10.0.0.1"})
+    downloader._scope_ids[request] = {"10.0.0.1": None}
+    downloader.registry.get("10.0.0.1")
+    response = Response(request.url, status=503, request=request)
+    backoff = downloader.manager.get_response_backoff(response)
+    assert {scope_id for scope_id, record in backoff.items() if record.trigger} == {"10.0.0.1"}
+    downloader.close()
+
+
 def test_an_entry_keyed_host_and_port_names_that_ports_scope(caplog):
     """Default scopes are host names, but an entry keyed 'host:port' (as the spec's
     recipes name sites) gives that port's requests their own scope, without a warning."""
