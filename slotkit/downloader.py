@@ -222,6 +222,21 @@ class Downloader(ScopeControl, SpiderClosing):
             return str(slot)
         return urlparse_cached(request).hostname or ""
 
+    def queue_key(self, request: Request) -> str:
+        """The sub-queue of *request* in :class:`~slotkit.ThrottlingAwarePriorityQueue`.
+
+        Its primary scope, unless a robots.txt Crawl-delay joined its site's
+        scope to a group (see ``_add_site_scope``): then that site's own, so
+        the site's paced requests do not hold the rest of the group behind
+        them in one sub-queue.
+        """
+        key = self.get_slot_key(request)
+        if self.crawl_delays is not None and self.crawl_delays.delays:
+            found = self.crawl_delays.site_delay(request)
+            if found is not None and found[0] != key and found[0] in self.known_scopes(request):
+                return found[0]
+        return key
+
     def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, SlotView]:
         key = self.get_slot_key(request)
         return key, view_of(self.registry.get(key), self.gate)

@@ -2,7 +2,8 @@
 
 :class:`ThrottlingAwarePriorityQueue` keeps one priority sub-queue per
 download slot (the key ``downloader.get_slot_key(request)`` gives: with
-slotkit's downloader, the request's primary throttling scope), like Scrapy's
+slotkit's downloader, the request's primary throttling scope, or its site's
+when a robots.txt Crawl-delay joined that to a group), like Scrapy's
 ``DownloaderAwarePriorityQueue`` and with the same disk layout, so either
 class can resume a job directory the other wrote. On top of that:
 
@@ -122,6 +123,8 @@ class ThrottlingAwarePriorityQueue:
         self._due: dict[str, tuple[float, int]] = {}
         #: slot key -> when it was last served (a counter), for fairness among equals.
         self._served: dict[str, int] = {}
+        #: slot key -> the key version (Readiness.key_version) its head was filed under.
+        self._keyed: dict[str, int] = {}
         self._turn = itertools.count(1)
         self.readiness.on_departure(self)
         if isinstance(slot_startprios, Mapping):
@@ -169,7 +172,7 @@ class ThrottlingAwarePriorityQueue:
     # Queue protocol
 
     def push(self, request: Request) -> None:
-        slot = self.downloader.get_slot_key(request)
+        slot = self.readiness.slot_of(request)
         queue = self.pqueues.get(slot)
         if queue is None:
             queue = self.pqueues[slot] = self.pqfactory(slot)
@@ -209,6 +212,7 @@ class ThrottlingAwarePriorityQueue:
         self.pqueues.clear()
         self._heads.clear()
         self._due.clear()
+        self._keyed.clear()
         return active
 
     def __len__(self) -> int:
@@ -262,6 +266,10 @@ class ThrottlingAwarePriorityQueue:
         if not readiness.knows_readiness:  # Scrapy's downloader: everything is ready
             ranked = [(self.rank(slot, self._head(slot)), slot) for slot in self.pqueues]
             return (min(ranked)[1], 0.0) if ranked else (None, math.inf)
+        version = readiness.key_version()
+        if version:
+            for slot in [s for s in self.pqueues if self._keyed.get(s) != version]:
+                self._refile(slot, version)
         now = readiness.now()
         soonest = math.inf
         soonest_slot: str | None = None
@@ -324,11 +332,38 @@ class ThrottlingAwarePriorityQueue:
         self._heads[slot] = (head, self.readiness.scopes(head))
         return head
 
+    def _refile(self, slot: str, version: int) -> None:
+        """Move the head requests of *slot* that now belong to another sub-queue there.
+
+        A robots.txt Crawl-delay read after requests were queued under their
+        group's key (``THROTTLING_DOMAIN_GROUPING``, a ``download_slot``) joins
+        their site's scope: at the head of the group's sub-queue, the paced
+        site's requests would hold every other site of the group behind them.
+        """
+        readiness = self.readiness
+        while slot in self.pqueues:
+            head = self._head(slot)
+            key = readiness.slot_of(head)
+            if key == slot:
+                self._keyed[slot] = version
+                return
+            request = self._pop_from(slot)
+            if request is not None:
+                self.push(request)
+
     def _take(self, slot: str) -> Request | None:
+        request = self._pop_from(slot)
+        if slot in self.pqueues:
+            self._served[slot] = next(self._turn)
+        if request is not None:
+            self.readiness.handed_out(request)
+        return request
+
+    def _pop_from(self, slot: str) -> Request | None:
+        """Pop the head of *slot*, dropping the sub-queue once it is empty."""
         queue = self.pqueues[slot]
         request = queue.pop()
         self._forget(slot)
-        self._served[slot] = next(self._turn)
         if not queue:
             del self.pqueues[slot]
             self._served.pop(slot, None)
@@ -337,8 +372,6 @@ class ThrottlingAwarePriorityQueue:
                 # The slot's directory goes once its queues removed their files.
                 with suppress(OSError):
                     Path(self.key, _path_safe(slot)).rmdir()
-        if request is not None:
-            self.readiness.handed_out(request)
         return request
 
     def departed(self, slot: str) -> None:
@@ -351,3 +384,4 @@ class ThrottlingAwarePriorityQueue:
     def _forget(self, slot: str) -> None:
         self._heads.pop(slot, None)
         self._due.pop(slot, None)
+        self._keyed.pop(slot, None)

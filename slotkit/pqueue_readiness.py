@@ -65,6 +65,24 @@ class Readiness:
         """
         self._queues.add(queue)
 
+    def slot_of(self, request: Request) -> str:
+        """The sub-queue key of *request*: the downloader's ``queue_key`` if it has
+        one (slotkit's), else its ``get_slot_key`` (Scrapy's)."""
+        queue_key = getattr(self.downloader, "queue_key", None)
+        if callable(queue_key):
+            return str(queue_key(request))
+        return str(self.downloader.get_slot_key(request))
+
+    def key_version(self) -> int:
+        """Changes when :meth:`slot_of` may answer differently for a queued request.
+
+        The number of robots.txt Crawl-delays known: one joins its site's
+        scope to requests queued under their group's key before it was read.
+        ``0`` while none is known (keys never change then).
+        """
+        delays = getattr(getattr(self.downloader, "crawl_delays", None), "delays", None)
+        return len(delays) if delays else 0
+
     @property
     def downloader(self) -> Any:
         downloader = self._downloader()
@@ -172,7 +190,7 @@ class Readiness:
         self._drop(request)
         self.generation += 1
         if self._queues:
-            slot = self.downloader.get_slot_key(request)
+            slot = self.slot_of(request)
             for queue in list(self._queues):
                 queue.departed(slot)
 

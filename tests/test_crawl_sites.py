@@ -238,6 +238,34 @@ async def test_crawl_delay_holds_a_site_whose_scope_has_another_name(
 
 
 @pytest_twisted.ensureDeferred
+async def test_one_sites_crawl_delay_does_not_hold_the_rest_of_its_group(
+    mock_site: MockSite,
+) -> None:
+    """Review: with slotkit's queue, the paced site's requests queued under the
+    group's key before its robots.txt was read held the group's other sites
+    behind them. They move to their site's own sub-queue. (Scrapy's own
+    scheduler hands them to the downloader, where they hold CONCURRENT_REQUESTS
+    places while they wait: see docs/scheduling.rst.)"""
+    quotes = "quotes.toscrape.com"
+    mock_site.set_robots(BOOKS, "User-agent: *\nCrawl-delay: 0.5\n")
+    urls = [f"http://{BOOKS}:{mock_site.port}/page/{i}" for i in range(6)]
+    urls += [f"http://{quotes}:{mock_site.port}/page/{i}" for i in range(8)]
+    settings = {
+        **SLOTKIT,
+        "SCHEDULER": "slotkit.ThrottlingAwareScheduler",
+        "SCHEDULER_PRIORITY_QUEUE": "slotkit.ThrottlingAwarePriorityQueue",
+        "ROBOTSTXT_OBEY": True,
+        "THROTTLING_DOMAIN_GROUPING": "registrable_domain",
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "CONCURRENT_REQUESTS": 4,
+    }
+    result = await run_crawl(ListSpider, settings, urls=urls, resolve={BOOKS: HOST, quotes: HOST})
+    assert len(result.responses) == 14
+    books = sorted(result.dispatch_times(BOOKS, "/page"))
+    assert max(result.dispatch_times(quotes, "/page")) < books[2]
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_configured_group_scope_keeps_its_pace_with_one_warning(
     mock_site: MockSite,
 ) -> None:
