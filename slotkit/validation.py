@@ -110,23 +110,31 @@ def parse_jitter(where: str, value: object) -> Jitter:
             raise SettingsError(
                 f"{where} must be a number or a [low, high] pair (got {_describe(value)})"
             )
-        low = _number(f"{where}[0]", pair[0], minimum=-1.0)
+        # A low below -1 is what a number above 1 means (see below), and a
+        # scope manager rebuilt from a config reads it back as a pair.
+        low = _number(f"{where}[0]", pair[0], minimum=-MAX_JITTER)
         high = _number(f"{where}[1]", pair[1], minimum=-1.0)
         if low > high:
             raise SettingsError(f"{where} must have low <= high (got {value!r})")
+        _warn_below_zero(where, value, low)
         return (low, _at_most(f"{where}[1]", high))
     magnitude = _at_most(where, _number(where, value))
-    if magnitude > 1 and where not in _WARNED_JITTER:
-        # Scrapy takes it too (its gaps are floored at 0), so it is no error.
-        _WARNED_JITTER.add(where)
-        logger.warning(
-            "slotkit: %s = %g reaches below a zero delay: some gaps will be 0 (bursts). "
-            "At most 1 keeps every gap above 0; [0, %g] lengthens gaps only.",
-            where,
-            magnitude,
-            magnitude,
-        )
+    _warn_below_zero(where, value, -magnitude)
     return (-magnitude, magnitude)
+
+
+def _warn_below_zero(where: str, value: object, low: float) -> None:
+    """A jitter reaching below a zero delay: Scrapy takes it too (its gaps are
+    floored at 0), so it is no error, but some gaps will be 0."""
+    if low >= -1 or where in _WARNED_JITTER:
+        return
+    _WARNED_JITTER.add(where)
+    logger.warning(
+        "slotkit: %s = %r reaches below a zero delay: some gaps will be 0 (bursts). "
+        "At most 1 (a pair's low at least -1) keeps every gap above 0.",
+        where,
+        value,
+    )
 
 
 def command_line_pair(value: object, *, bare: bool = False) -> object:

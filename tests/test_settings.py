@@ -327,7 +327,7 @@ def test_parse_jitter_forms(value: Any, expected: tuple[float, float]):
         ([0.1], "[low, high] pair"),
         ([0.1, 0.2, 0.3], "[low, high] pair"),
         ([0.3, 0.1], "low <= high"),
-        ([-1.5, 0.1], "X[0] must be a number >= -1"),
+        ([-101, 0.1], "X[0] must be a number >= -100"),
         (-0.5, "X must be a number >= 0"),
         ("wide", "X must be a number >= 0"),
     ],
@@ -649,3 +649,5 @@ def test_a_jitter_above_one_is_accepted_with_a_warning(caplog: pytest.LogCapture
         config = read({"THROTTLING_SCOPES": {"a.example": {"delay": 0.5, "jitter": 2}}})
     assert config.scope_config("a.example", DOMAIN).jitter == (-2.0, 2.0)
     assert "THROTTLING_SCOPES['a.example']['jitter'] = 2 reaches below a zero delay" in caplog.text
+    # A scope manager rebuilt from the config (the shared mode's) reads the pair back.
+    assert parse_jitter("jitter", [-2.0, 2.0]) == (-2.0, 2.0)
