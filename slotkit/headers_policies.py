@@ -301,6 +301,18 @@ def _separate_fields_policy(
                     sources.reject(name, line, problem)
     if resets:
         policy.reset = max(resets)
+    if remaining and len(remaining) == len(resets) > 1:
+        # Values listed in step (``X-RateLimit-Remaining: 9, 9999`` with
+        # ``X-RateLimit-Reset: 1, 50000``: a per-second and a daily policy)
+        # pair up: a spent one binds until its own latest reset, else the
+        # scarcest one with its own reset. Taken apart, 9 left until the
+        # daily reset made a budget of 9 requests for 300 s (a probe).
+        pairs = list(zip(remaining, resets, strict=True))
+        spent = [pair for pair in pairs if pair[0] <= 0]
+        if spent:
+            policy.remaining, policy.reset = max(spent, key=lambda pair: pair[1])
+        else:
+            policy.remaining, policy.reset = min(pairs, key=lambda pair: (pair[0], -pair[1]))
     if policy.has_state() or policy.limit is not None:
         return policy
     return None

@@ -247,6 +247,8 @@ class ThrottlingScopeManager:
         out of order. A subclass overriding ``record_done`` still gets it.
         """
         self._ending = (sent_at, amount)
+        if self.server_budget is not None:
+            self.server_budget.record_ended(sent_at)
 
     def record_done(self, now: float) -> None:
         ending, self._ending = self._ending, None

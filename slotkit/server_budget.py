@@ -39,7 +39,7 @@ class ServerBudget:
     burst of its whole concurrency into a window it knows the size of.
     """
 
-    __slots__ = ("basis", "left", "limit", "span", "until", "_sent")
+    __slots__ = ("basis", "left", "limit", "span", "until", "_flying", "_sent")
 
     def __init__(self) -> None:
         #: Requests the server will still take before :attr:`until`.
@@ -54,9 +54,12 @@ class ServerBudget:
         self.basis = -math.inf
         #: Recent dispatch times, oldest first.
         self._sent: list[float] = []
+        #: Dispatch times of the requests still in flight.
+        self._flying: list[float] = []
 
     def record_sent(self, now: float) -> None:
         """A request of the scope left at *now*."""
+        self._flying.append(now)
         sent = self._sent
         sent.append(now)
         if len(sent) > 2 * HISTORY:
@@ -64,6 +67,15 @@ class ServerBudget:
         self._roll(now)
         if now < self.until:
             self.left -= 1
+
+    def record_ended(self, sent_at: float) -> None:
+        """The request of the scope dispatched at *sent_at* ended."""
+        flying = self._flying
+        try:
+            flying.remove(sent_at)
+        except ValueError:  # sent before this budget was created
+            if flying and len(flying) > HISTORY:
+                flying.pop(0)
 
     def learn(
         self,
@@ -84,9 +96,12 @@ class ServerBudget:
             return  # no window to budget (a reset of 0 is already over)
         sent = self._sent
         if sent and sent[0] <= sent_at:
-            # Requests that left in the same reactor turn share its time: they
-            # count as later (on the safe side), this one excepted.
-            since = len(sent) - bisect.bisect_left(sent, sent_at) - 1
+            since = len(sent) - bisect.bisect_right(sent, sent_at)
+            # Requests that left in the same reactor turn share its time. One
+            # already answered was counted before this one (its answer said
+            # more was left) or after (its own answer was the tighter figure):
+            # only those still in flight may be missing from this figure.
+            since += max(0, self._flying.count(sent_at) - 1)
         else:
             since = len(sent) + max(0, active - 1)
         left = remaining - max(0, since)

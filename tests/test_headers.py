@@ -1200,3 +1200,27 @@ def test_property_debug_log_is_bounded_and_changes_nothing(
         assert "\r" not in message
         # At most three values of ~100 characters, three short reasons each.
         assert len(message) < 2000
+
+
+@pytest.mark.parametrize(
+    ("remaining", "expected"),
+    [
+        ("9, 9999", (9.0, 1.0, None)),
+        ("0, 9999", (0.0, 1.0, 1.0)),
+        ("9, 0", (0.0, 50000.0, 50000.0)),
+    ],
+)
+def test_values_listed_in_step_pair_up(
+    remaining: str, expected: tuple[float, float, float | None]
+) -> None:
+    """Acceptance probe: a per-second and a daily policy listed in step gave the
+    per-second remaining with the daily reset, a budget of 9 requests for 300 s."""
+    headers = Headers(
+        {
+            "X-RateLimit-Limit": "10, 10000",
+            "X-RateLimit-Remaining": remaining,
+            "X-RateLimit-Reset": "1, 50000",
+        }
+    )
+    hint = parse_rate_limit_headers(headers, now=1000.0)
+    assert (hint.remaining, hint.reset, hint.delay) == expected

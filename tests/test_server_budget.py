@@ -40,6 +40,20 @@ def test_requests_sent_after_the_answered_one_come_off_the_count() -> None:
     assert budget.wait(3.5) == 0.0
 
 
+def test_an_answered_request_of_the_same_turn_is_not_counted_again() -> None:
+    """A probe: counting every request of the answered one's turn as sent after it
+    halved a crawl's rate. One already answered was counted before it, or gave
+    the tighter figure itself; only those still in flight may be missing."""
+    budget = ServerBudget()
+    budget.learn(remaining=19, reset=10.0, sent_at=0.0, now=0.0, active=1)
+    for _ in range(4):
+        budget.record_sent(1.0)
+    budget.record_ended(1.0)  # two of the turn answered already
+    budget.record_ended(1.0)
+    budget.learn(remaining=12, reset=9.0, sent_at=1.0, now=1.2, active=2)
+    assert budget.left == 11  # the other one in flight may still be counted after it
+
+
 def test_a_first_budget_counts_every_other_request_in_flight() -> None:
     """No history yet: the others in flight may have left after it (safe side)."""
     budget = ServerBudget()
