@@ -39,7 +39,6 @@ from slotkit.migration import silence_autothrottle
 from slotkit.outcomes import cut_by_cancel
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
-from slotkit.request_delay import pending_request_delay, request_delay
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue
@@ -51,6 +50,7 @@ from slotkit.signaling import send_if_heard
 from slotkit.slots import SlotsView, SlotView, view_of
 from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
+from slotkit.validation import finite_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -286,7 +286,7 @@ class Downloader(ScopeControl, SpiderClosing):
         arrived = self._clock.seconds()
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
-        delay = request_delay(request, arrived)
+        delay = _request_delay(request)
         try:
             while True:
                 try:
@@ -409,9 +409,32 @@ class Downloader(ScopeControl, SpiderClosing):
             if scope.live_waiters and scope_wait <= 0:
                 scope_wait = math.inf  # others queue ahead; a release will tell
             wait = max(wait, scope_wait)
-        return max(wait, pending_request_delay(request, now))
+        return wait
 
     def _dispatched(self, waiter: Waiter, now: float) -> None:
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
+
+
+def _request_delay(request: Request) -> float:
+    """The ``throttling_delay`` meta of *request*, applied once per request."""
+    meta = request.meta
+    value = meta.get("throttling_delay")
+    if not value or meta.get("_slotkit_delayed"):
+        return 0.0
+    meta["_slotkit_delayed"] = True
+    # An infinite delay would keep the crawl open forever. Text is refused
+    # even when it reads as a number, as delay_scope() refuses it: "1" in a
+    # meta dict is more likely a bug upstream than a choice.
+    text = isinstance(value, (str, bytes))
+    seconds = None if text else finite_seconds(value)
+    if seconds is None:
+        logger.warning(
+            "Ignoring throttling_delay=%r of %s: expected a finite number of seconds >= 0%s",
+            value,
+            request,
+            ", not text" if text else "",
+        )
+        return 0.0
+    return seconds

@@ -61,7 +61,6 @@ from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
 from slotkit.pqueue_quota import QuotaShares
 from slotkit.pqueue_readiness import Readiness, readiness_of
 from slotkit.pqueue_slot import _SlotQueue
-from slotkit.request_delay import stamp_request_delay
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -173,9 +172,6 @@ class ThrottlingAwarePriorityQueue:
     # Queue protocol
 
     def push(self, request: Request) -> None:
-        if self.readiness.knows_readiness:
-            # Its throttling_delay runs while the queue holds it, not after.
-            stamp_request_delay(request, self.readiness.now())
         slot = self.readiness.slot_of(request)
         queue = self.pqueues.get(slot)
         if queue is None:

@@ -27,7 +27,6 @@ from twisted.internet.task import Clock
 from slotkit.downloader import Downloader
 from slotkit.manager import normalize_scopes
 from slotkit.pqueue import ThrottlingAwarePriorityQueue
-from slotkit.request_delay import request_delay
 from slotkit.scheduler import ThrottlingAwareScheduler, check_priority_queue
 from slotkit.scope import OPENING_ALLOWANCE, ThrottlingScopeManager
 from slotkit.validation import SettingsError
@@ -458,33 +457,6 @@ def test_a_first_response_slower_than_the_delay_does_not_hold_the_next_one_longe
     assert queue.next_ready_in() == pytest.approx(delay)
     clock.advance(delay)
     assert url_of(queue.pop_ready()) == "http://slow.example/1"
-
-
-def test_a_request_delay_runs_while_the_queue_holds_the_request() -> None:
-    """Acceptance probe: with slotkit's queue, a request's throttling_delay began
-    only once its scopes were ready (a 3 s delay sent 3 s after the quota opened,
-    the quota idle meanwhile). It runs from when the queue took the request in."""
-    crawler, downloader, engine, _, clock = slotkit_setup(
-        {"THROTTLING_SCOPES": {"slow.example": {"delay": ONE_DELAY}}}
-    )
-    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
-    queue.push(req("slow.example", 0))
-    queue.push(req("slow.example", 1, meta={"throttling_delay": SOON}))
-    first = queue.pop_ready()
-    engine.fetch(first)
-    engine.arrive(first)
-    engine.finish(first)
-    clock.advance(ONE_DELAY)
-    delayed = queue.pop_ready()
-    assert url_of(delayed) == "http://slow.example/1"
-    assert delayed is not None
-    assert request_delay(delayed, clock.seconds()) == 0.0  # it ran during the wait
-    # A scope that is free at once: the queue holds the request for its delay.
-    queue.push(req("free.example", 0, meta={"throttling_delay": SOON}))
-    assert queue.pop_ready() is None
-    assert queue.next_ready_in() == pytest.approx(SOON)
-    clock.advance(SOON)
-    assert url_of(queue.pop_ready()) == "http://free.example/0"
 
 
 def test_transit_does_not_block_a_scope_with_room() -> None:
