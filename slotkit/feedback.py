@@ -90,23 +90,28 @@ class Feedback:
                 scope.manager.reconcile_quota(record.consumed, record.remaining, now)
                 changed = True
             if record.remaining is not None and record.reset is not None:
-                self._learn_budget(scope, ticket, record, now)
+                self._learn_budget(scope, ticket, record.remaining, record.reset, record.limit, now)
             if changed:
                 self._gate.poke(scope)
 
-    def _learn_budget(self, scope: Scope, ticket: Waiter, record: ScopeBackoff, now: float) -> None:
-        """The server takes ``remaining`` more requests until its reset (an optional hook).
+    def _learn_budget(
+        self,
+        scope: Scope,
+        ticket: Waiter,
+        remaining: float,
+        reset: float,
+        limit: float | None,
+        now: float,
+    ) -> None:
+        """The server takes *remaining* more requests until its reset (an optional hook).
 
         The reset is a server's figure like any wait hint: capped at the
         scope's ``max_delay``, as the hold of a spent count is.
         """
         learns = getattr(scope.manager, "record_server_budget", None)
-        if learns is None:
-            return
-        if record.remaining is None or record.reset is None:  # pragma: no cover - caller checked
-            return
-        reset, _ = capped(record.reset, self._config.backoff_config(scope.id))
-        learns(record.remaining, reset, ticket.left_at, now, record.limit)
+        if learns is not None:
+            reset, _ = capped(reset, self._config.backoff_config(scope.id))
+            learns(remaining, reset, ticket.left_at, now, limit)
 
     def _hold(self, scope: Scope, delay: float, now: float) -> None:
         config = self._config.backoff_config(scope.id)

@@ -177,43 +177,35 @@ class ThrottlingManager:
         hint: RateLimitHint | None = None
         wait: float | None = None
         for scope_id in controller.scope_ids(request):
+            status_trigger = controller.backoff_config(scope_id).is_trigger_status(response.status)
+            # Rate-limit headers count requests: a scope this request spends a
+            # cost in (the spec's cost recipe) is reconciled by its own rules.
+            counted = controller.counts_requests(request, scope_id)
+            if not (status_trigger or counted):
+                continue
             # A response speaks for its site, not for the machine behind it: the
             # IP scope of a host name, shared by other sites, is not backed off
             # by it (a probe: one site's 503s took another site on the same
             # address from 0.2 s to 105 s). Failed connections still count.
-            trigger = controller.backoff_config(scope_id).is_trigger_status(
-                response.status
-            ) and not controller.is_address_of_host(request, scope_id)
-            # Rate-limit headers count requests: a scope this request spends a
-            # cost in (the spec's cost recipe) is reconciled by its own rules.
-            counted = controller.counts_requests(request, scope_id)
+            shared_address = controller.is_address_of_host(request, scope_id)
+            trigger = status_trigger and not shared_address
             if not (trigger or counted):
                 continue
             if hint is None:  # parsed only when some scope can use it
                 hint = self._hint(response)
                 wait = self.get_response_delay(response)
             record = ScopeBackoff(trigger=trigger, delay=wait if trigger else None)
-            quota = controller.has_quota(scope_id)
-            # Not the IP scope of a host name, unless it counts a quota of its
-            # own: the sites sharing an address keep quotas of their own.
-            if (
-                counted
-                and hint.exhausted
-                and record.delay is None
-                and (quota or not controller.is_address_of_host(request, scope_id))
-            ):
-                record = replace(record, delay=hint.delay)
-            # The server's remaining count: the truth for a quota, and a budget
-            # until its reset for any scope it counts (not the IP scope of a
-            # host name, as above).
-            if (
-                counted
-                and hint.remaining is not None
-                and (quota or not controller.is_address_of_host(request, scope_id))
-            ):
-                record = replace(
-                    record, remaining=hint.remaining, reset=hint.reset, limit=hint.limit
-                )
+            # The server's counts: a spent one holds the scope until its reset, a
+            # remaining one is the truth for a quota and a budget until the
+            # reset. Not for the IP scope of a host name unless it counts a
+            # quota of its own: the sites sharing an address keep quotas of theirs.
+            if counted and (not shared_address or controller.has_quota(scope_id)):
+                if hint.exhausted and record.delay is None:
+                    record = replace(record, delay=hint.delay)
+                if hint.remaining is not None:
+                    record = replace(
+                        record, remaining=hint.remaining, reset=hint.reset, limit=hint.limit
+                    )
             if record != _NOTHING:
                 result[scope_id] = record
         return AwaitableDict(result)

@@ -16,6 +16,7 @@ the request spends in a configured quota.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 
 __all__ = ["ServerBudget"]
@@ -70,12 +71,8 @@ class ServerBudget:
 
     def record_ended(self, sent_at: float) -> None:
         """The request of the scope dispatched at *sent_at* ended."""
-        flying = self._flying
-        try:
-            flying.remove(sent_at)
-        except ValueError:  # sent before this budget was created
-            if flying and len(flying) > HISTORY:
-                flying.pop(0)
+        with contextlib.suppress(ValueError):  # not found: sent before this budget existed
+            self._flying.remove(sent_at)
 
     def learn(
         self,
