@@ -230,12 +230,12 @@ class Downloader(ScopeControl, SpiderClosing):
         the site's paced requests do not hold the rest of the group behind
         them in one sub-queue.
         """
-        key = self.get_slot_key(request)
-        if self.crawl_delays is not None and self.crawl_delays.delays:
+        scopes = self.known_scopes(request)
+        if scopes and self.crawl_delays is not None:
             found = self.crawl_delays.site_delay(request)
-            if found is not None and found[0] != key and found[0] in self.known_scopes(request):
+            if found is not None and found[0] in scopes:
                 return found[0]
-        return key
+        return next(iter(scopes)) if scopes else self.get_slot_key(request)
 
     def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, SlotView]:
         key = self.get_slot_key(request)

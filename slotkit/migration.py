@@ -109,18 +109,16 @@ def autothrottle_mapping(settings: BaseSettings) -> AutoThrottleMapping | None:
 def _autothrottle_changes(settings: BaseSettings) -> list[Change]:
     own = settings.getfloat("DOWNLOAD_DELAY")
     start = settings.getfloat("AUTOTHROTTLE_START_DELAY", 5.0)
-    note = "every site's delay"
     if start > own:
-        note = "from AUTOTHROTTLE_START_DELAY: " + note
-        note += (
-            ", lowered only where rampup is on (one step per quiet BACKOFF_WINDOW; "
-            "AutoThrottle lowered it from latency within seconds). Without rampup, "
-            f"DOWNLOAD_DELAY = {own!r} (the project's own) is far faster, and backoff "
-            "still slows a site that answers 429/5xx"
+        note = (
+            "from AUTOTHROTTLE_START_DELAY: every site's delay, lowered only where rampup "
+            "is on (one step per quiet BACKOFF_WINDOW; AutoThrottle lowered it from latency "
+            f"within seconds). Without rampup, DOWNLOAD_DELAY = {own!r} (the project's own) "
+            "is far faster, and backoff still slows a site that answers 429/5xx"
         )
     else:
-        note += (
-            ": the project's own, which AutoThrottle never went below "
+        note = (
+            "every site's delay: the project's own, which AutoThrottle never went below "
             "(its AUTOTHROTTLE_START_DELAY is not larger)"
         )
     changes = [

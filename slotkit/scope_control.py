@@ -105,10 +105,15 @@ class ScopeControl:
                 and scope_id == urlparse_cached(request).hostname
             ):
                 self._kind_hints[scope_id] = DOMAIN
+        self._add_derived_scopes(request, scopes)
+        return scopes
+
+    def _add_derived_scopes(self, request: Request, scopes: dict[str, float | None]) -> None:
+        """The scopes a request joins whatever ``get_scopes`` said: its site's, when
+        a Crawl-delay holds it, and its address, with ``CONCURRENT_REQUESTS_PER_IP``."""
         self._add_site_scope(request, scopes)
         if self.config.ip_concurrency:
             self._add_ip_scope(request, scopes)
-        return scopes
 
     def _add_site_scope(self, request: Request, scopes: dict[str, float | None]) -> None:
         """A robots.txt Crawl-delay holds the requests of its site, whatever their scopes.
@@ -174,10 +179,8 @@ class ScopeControl:
             scopes = {raw: None} if type(raw) is str else normalize_scopes(raw)
         except TypeError:
             return {}
-        if scopes:  # as _normalized_scopes does
-            self._add_site_scope(request, scopes)
-            if self.config.ip_concurrency:
-                self._add_ip_scope(request, scopes)
+        if scopes:
+            self._add_derived_scopes(request, scopes)
         return scopes
 
     def _answer_without_waiting(self, request: Request) -> Any:

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = ["NO_JITTER", "Jitter", "SettingsError", "parse_jitter", "per_ip_limit", "per_ip_setting"]
 
+logger = logging.getLogger("slotkit")
+
+#: Jitter settings already warned about (a scope's manager parses its own again).
+_WARNED_JITTER: set[str] = set()
+
 #: Relative jitter bounds: the delay is multiplied by ``1 + uniform(low, high)``.
 Jitter = tuple[float, float]
 NO_JITTER: Jitter = (0.0, 0.0)
@@ -35,12 +40,6 @@ def _describe(value: object) -> str:
 def _closest(key: str, choices: frozenset[str]) -> str:
     match = difflib.get_close_matches(key, sorted(choices), n=1, cutoff=0.6)
     return f"; did you mean {match[0]!r}?" if match else ""
-
-
-logger = logging.getLogger("slotkit")
-
-#: Jitter settings already warned about (a scope's manager parses its own again).
-_WARNED_JITTER: set[str] = set()
 
 
 def _number(
