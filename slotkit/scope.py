@@ -18,6 +18,7 @@ from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor, next_backoff, recover
 from slotkit.quota import Quota
 from slotkit.rampup import Rampup, RampupConfig, rampup_from_dict
+from slotkit.scope_state import SavedScopeState
 from slotkit.server_budget import ServerBudget
 from slotkit.validation import NO_JITTER, Jitter, parse_jitter
 
@@ -44,7 +45,7 @@ DEFAULT_BACKOFF = BackoffConfig()
 
 
 @implementer(IThrottlingScopeManager)
-class ThrottlingScopeManager:
+class ThrottlingScopeManager(SavedScopeState):
     """Concurrency, delay (with jitter) and hard holds for one scope.
 
     * **Concurrency**: at most ``concurrency`` requests in flight.
@@ -372,53 +373,6 @@ class ThrottlingScopeManager:
         if last_sent and last_sent > last:
             last = last_sent
         return now - last >= max_idle
-
-    # Saving and restoring (JOBDIR), see slotkit.persistence
-
-    def export_state(self, now: float) -> dict[str, float] | None:
-        """What a resumed crawl must remember of this scope, or ``None`` if nothing."""
-        self._settle(now)
-        state: dict[str, float] = {}
-        if self.hold_until > now:
-            state["hold_until"] = self.hold_until
-        # A gap still running after the last dispatch (a delay, a Crawl-delay)
-        # must run on in the resumed crawl: its start is kept, so the resumed
-        # crawl's own delay for the scope (the user may have changed it) ends it.
-        last_sent = self.last_sent
-        if last_sent is not None and last_sent + self.current_delay * self._factor > now:
-            state["last_sent"] = last_sent
-        if self.backoff_delay is not None:
-            state["backoff_delay"] = self.backoff_delay
-            state["recovers_at"] = self.recovers_at
-        if self.quota is not None:
-            used, until = self.quota.snapshot(now)
-            if used > 0 and until > now:
-                state["quota_used"], state["quota_until"] = used, until
-        budget = self.server_budget
-        if budget is not None and budget.until > now:
-            state["budget_left"], state["budget_until"] = budget.left, budget.until
-        return state or None
-
-    def import_state(self, state: dict[str, float], now: float) -> None:
-        """Take over a state saved by :meth:`export_state`."""
-        self.hold_until = max(self.hold_until, state.get("hold_until", -math.inf))
-        if "last_sent" in state and (self.last_sent is None or state["last_sent"] > self.last_sent):
-            self.last_sent = state["last_sent"]
-            # The resumed crawl's first request opens a new connection: the gap
-            # after it runs from its end, as after any scope's first request.
-            self._resumed = True
-        until = state.get("quota_until", -math.inf)
-        if self.quota is not None and until > now and state.get("quota_used", 0.0) > 0:
-            self.quota.spend(now, state["quota_used"], expires_in=until - now)
-        if state.get("budget_until", -math.inf) > now and "budget_left" in state:
-            # What the server said is left until its reset (requests in flight
-            # at the pause counted as sent): a resumed crawl must not burst.
-            self.server_budget = budget = ServerBudget()
-            budget.left, budget.until = state["budget_left"], state["budget_until"]
-        if "backoff_delay" in state:
-            self.backoff_delay = state["backoff_delay"]
-            self.recovers_at = state.get("recovers_at", now + self.backoff.window)
-            self._settle(now)
 
     # Backoff bookkeeping
 
