@@ -74,8 +74,18 @@ class Feedback:
         for scope_id, record in backoff.items():
             scope = self._registry.get(scope_id)
             changed = False
+            budgeted = False
+            if record.remaining is not None and record.reset is not None:
+                budgeted = self._learn_budget(
+                    scope, ticket, record.remaining, record.reset, record.limit, now
+                )
             if record.delay is not None and record.delay > 0:
-                self._hold(scope, record.delay, now)
+                if budgeted and _spent_count_only(record):
+                    # The budget holds a spent count itself, until the earliest
+                    # moment the server's window can end: not a whole second late.
+                    self._stats.inc("backoff/header_hints")
+                else:
+                    self._hold(scope, record.delay, now)
                 changed = True
             if record.trigger:
                 changed |= self._trigger(
@@ -89,8 +99,6 @@ class Feedback:
                     resets(record.reset, now)
                 scope.manager.reconcile_quota(record.consumed, record.remaining, now)
                 changed = True
-            if record.remaining is not None and record.reset is not None:
-                self._learn_budget(scope, ticket, record.remaining, record.reset, record.limit, now)
             if changed:
                 self._gate.poke(scope)
 
@@ -102,16 +110,19 @@ class Feedback:
         reset: float,
         limit: float | None,
         now: float,
-    ) -> None:
+    ) -> bool:
         """The server takes *remaining* more requests until its reset (an optional hook).
 
         The reset is a server's figure like any wait hint: capped at the
-        scope's ``max_delay``, as the hold of a spent count is.
+        scope's ``max_delay``, as the hold of a spent count is. Returns
+        whether the scope's manager keeps such a budget.
         """
         learns = getattr(scope.manager, "record_server_budget", None)
-        if learns is not None:
-            reset, _ = capped(reset, self._config.backoff_config(scope.id))
-            learns(remaining, reset, ticket.left_at, now, limit)
+        if learns is None:
+            return False
+        reset, _ = capped(reset, self._config.backoff_config(scope.id))
+        learns(remaining, reset, ticket.left_at, now, limit)
+        return True
 
     def _hold(self, scope: Scope, delay: float, now: float) -> None:
         config = self._config.backoff_config(scope.id)
@@ -173,3 +184,19 @@ class Feedback:
         if response.status == RATE_LIMITED:
             return any(record.trigger or record.delay for record in backoff.values())
         return any(record.delay is not None for record in backoff.values())
+
+
+def _spent_count_only(record: ScopeBackoff) -> bool:
+    """Whether *record*'s hold is just the server's spent count until its reset.
+
+    Not a trigger, and no longer wait (a ``Retry-After`` beyond the reset)
+    asked for: a budget keeps exactly that hold.
+    """
+    return (
+        not record.trigger
+        and record.remaining is not None
+        and record.remaining < 1
+        and record.reset is not None
+        and record.delay is not None
+        and record.delay <= record.reset
+    )

@@ -83,6 +83,7 @@ class SavedScopeState:
             # at the pause counted as sent): a resumed crawl must not burst.
             self.server_budget = budget = ServerBudget()
             budget.left, budget.until = state["budget_left"], state["budget_until"]
+            budget.early = budget.until
         if "backoff_delay" in state:
             self.backoff_delay = state["backoff_delay"]
             self.recovers_at = state.get("recovers_at", now + self.backoff.window)

@@ -726,6 +726,25 @@ async def test_a_spent_server_quota_holds_a_scope_without_a_quota_until_its_rese
     downloader.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_longer_retry_after_on_a_spent_count_still_holds():
+    """The budget keeps a spent count's hold from the earliest moment the window
+    can end; a ``Retry-After`` asking for longer is a hold of its own."""
+    downloader, clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 3})
+    handler = handler_of(downloader)
+    request = Request("https://a.example/1")
+    box = outcome(downloader.fetch(request))
+    await settle()
+    (_, pending) = handler.pending.pop()
+    headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2", "Retry-After": "7"}
+    pending.callback(Response(request.url, headers=headers, request=request))
+    await settle()
+    assert box
+    now = clock.seconds()
+    assert downloader.registry.get("a.example").manager.can_send(now) == pytest.approx(7.0)
+    downloader.close()
+
+
 @pytest.mark.parametrize(
     ("url", "held"),
     [("https://a.example/1", {"a.example"}), ("https://10.0.0.1/1", {"10.0.0.1"})],

@@ -112,6 +112,59 @@ def test_a_stated_limit_starts_each_window_after_the_reset() -> None:
     assert budget.until == pytest.approx(10.0)
 
 
+def test_a_spent_budget_asks_from_the_earliest_possible_reset() -> None:
+    """Resets in whole seconds: each answer bounds the window's end from above.
+
+    A probe: waiting for the latest bound, an API allowing 10 requests per 1 s
+    window with 0.2 s answers got 6.2 requests per second.
+    """
+    budget = ServerBudget()
+    budget.learn(remaining=6, reset=1.0, sent_at=0.0, now=0.2, active=1, limit=10)
+    for _ in range(6):
+        budget.record_sent(0.4)
+    budget.learn(remaining=0, reset=1.0, sent_at=0.4, now=0.6, active=6, limit=10)
+    assert budget.wait(0.6) == pytest.approx(0.6)  # the earliest bound, 1.2
+    budget.record_sent(1.2)  # one asks
+    assert budget.wait(1.2) == pytest.approx(0.4)  # the others wait for its answer
+    budget.learn(remaining=9, reset=1.0, sent_at=1.2, now=1.4, active=1, limit=10)
+    assert budget.left == 9
+    assert budget.wait(1.4) == 0.0
+    # The next window may end one span after this one's earliest bound.
+    assert budget.early == pytest.approx(2.2)
+
+
+def test_a_probe_sent_too_early_waits_for_the_latest_bound() -> None:
+    budget = ServerBudget()
+    budget.learn(remaining=0, reset=1.0, sent_at=0.0, now=0.2, active=1, limit=10)
+    budget.learn(remaining=0, reset=1.0, sent_at=0.3, now=0.5, active=1, limit=10)
+    budget.record_sent(1.2)
+    budget.learn(remaining=0, reset=1.0, sent_at=1.2, now=1.4, active=1, limit=10)
+    assert budget.wait(1.4) == pytest.approx(1.0)  # until 2.4: no second probe
+    assert budget.early == budget.until
+
+
+def test_a_probe_still_out_at_the_reset_counts_in_the_new_window() -> None:
+    """Review of a crawl: the probe and a whole limit after the reset made one too many."""
+    budget = ServerBudget()
+    budget.learn(remaining=0, reset=1.0, sent_at=0.0, now=0.2, active=1, limit=3)
+    budget.learn(remaining=0, reset=1.0, sent_at=0.3, now=0.5, active=1, limit=3)
+    budget.record_sent(1.2)  # a probe
+    for _ in range(2):
+        assert budget.wait(1.5) == 0.0
+        budget.record_sent(1.5)
+    assert budget.wait(1.5) > 0
+
+
+def test_fractional_resets_bound_a_window_by_its_answers() -> None:
+    """Past a reset, only answers bound when the new window ends (exact resets
+    may fall short of the window's length)."""
+    budget = ServerBudget()
+    budget.learn(remaining=0, reset=0.8, sent_at=0.0, now=0.2, active=1, limit=10)
+    budget.record_sent(1.0)
+    budget.learn(remaining=9, reset=0.95, sent_at=1.0, now=1.05, active=1, limit=10)
+    assert budget.early == pytest.approx(2.0)
+
+
 def test_a_scope_is_not_idle_while_its_budget_runs() -> None:
     """Evicted, the scope would forget what the server said and send into 429s."""
     scope = ThrottlingScopeManager(concurrency=8)
