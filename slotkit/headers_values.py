@@ -133,21 +133,35 @@ def _show(value: object, limit: int = _SHOWN_CHARS) -> str:
     return f"{shown[:limit]}... ({len(text)} chars)"
 
 
-def _finite_in_range(number: float, maximum: float) -> float | None:
-    if math.isfinite(number) and 0 <= number <= maximum:
-        return number
-    return None
+def _figure_at_most(number: float, maximum: float) -> float | None:
+    """*number* if it is a non-negative figure; a wait beyond *maximum* is *maximum*.
+
+    A server asking for longer than any wait this module reports (31 years)
+    still asks for the longest: the caller caps it at ``BACKOFF_MAX_DELAY``,
+    as the specification says, rather than retrying at once.
+    """
+    if math.isnan(number) or number < 0:
+        return None
+    if math.isfinite(maximum):
+        return min(number, maximum)
+    return number if math.isfinite(number) else None
 
 
 def _parse_number(text: str, *, fractions: bool = True, maximum: float = math.inf) -> float | None:
-    """A non-negative ASCII integer or decimal, or ``None``."""
+    """A non-negative ASCII integer or decimal, or ``None``.
+
+    With a finite *maximum* (seconds), a larger number (any number of
+    digits) is *maximum*; without one, too many digits is no figure.
+    """
     text = text.strip(_OWS)
-    if not text or len(text) > _MAX_NUMBER_CHARS:
+    if not text or (len(text) > _MAX_NUMBER_CHARS and not math.isfinite(maximum)):
         return None
     pattern = _DECIMAL_RE if fractions else _INTEGER_RE
     if pattern.fullmatch(text) is None:
         return None
-    return _finite_in_range(float(text), maximum)
+    # float() reads any number of digits cheaply (int() would hit Python's
+    # digit limit); _to_text already refused values over MAX_VALUE_LENGTH.
+    return _figure_at_most(float(text), maximum)
 
 
 _NOT_A_NUMBER = "not a number"
@@ -184,8 +198,8 @@ def _number_problem(text: str, *, fractions: bool = True, maximum: float = math.
 def parse_delta_seconds(value: str | bytes) -> float | None:
     """Parse RFC 9110 delta-seconds (``1*DIGIT``) as a positive delay.
 
-    Returns ``None`` for zero, negatives, fractions, values above
-    ``MAX_DELTA_SECONDS`` and anything that is not a plain ASCII integer.
+    Returns ``None`` for zero, negatives, fractions and anything that is
+    not a plain ASCII integer; a value above ``MAX_DELTA_SECONDS`` is that.
     """
     text = _to_text(value)
     if text is None:
@@ -201,11 +215,8 @@ def _retry_after_problem(text: str) -> str | None:
 
     ``None`` for zero, which is well-formed and simply asks for no wait.
     """
-    number = _parse_number(text, fractions=False)
-    if number == 0:
+    if _parse_number(text, fractions=False) == 0:
         return None
-    if number is not None:
-        return f"more than {MAX_DELTA_SECONDS} seconds"
     problem = _number_problem(text, fractions=False, maximum=MAX_DELTA_SECONDS)
     return "neither delta-seconds nor an HTTP-date" if problem == _NOT_A_NUMBER else problem
 
