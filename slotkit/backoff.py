@@ -8,6 +8,8 @@ dict in ``THROTTLING_SCOPES`` overrides any of ``http_codes``,
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -123,10 +125,17 @@ def _from_command_line(value: object) -> object:
     """``"429,503"`` (as ``scrapy crawl -s`` passes lists) as a list; anything else as is.
 
     Digit-only items become ints, as Scrapy's ``getlist`` users would expect
-    of status codes; the other checks then apply unchanged.
+    of status codes; the other checks then apply unchanged. A JSON list
+    (``-s 'BACKOFF_HTTP_CODES=[429,503]'``) is read as one, as ``python -m
+    slotkit explain`` reads it (an acceptance probe: the crawl refused it).
     """
     if not isinstance(value, str):
         return value
+    if value.lstrip().startswith("["):
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(value)
+            if isinstance(parsed, list):
+                return parsed
     items = [item.strip() for item in value.split(",") if item.strip()]
     return [int(item) if item.isdigit() else item for item in items]
 

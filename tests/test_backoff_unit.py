@@ -275,6 +275,22 @@ def test_command_line_lists_are_read() -> None:
     assert backoff.exceptions == (OSError, TimeoutError)
 
 
+def test_command_line_json_lists_are_read() -> None:
+    """An acceptance probe: ``explain`` took ``-s 'BACKOFF_HTTP_CODES=[429,503]'``
+    while the crawl refused it ("got '[429'")."""
+    config = ThrottlingSettings.from_settings(
+        Settings(
+            {
+                "BACKOFF_HTTP_CODES": "[429, 503]",
+                "BACKOFF_EXCEPTIONS": '["builtins.OSError"]',
+            }
+        )
+    )
+    backoff = config.backoff_config("any.example")
+    assert backoff.http_codes == frozenset({429, 503})
+    assert backoff.exceptions == (OSError,)
+
+
 def test_command_line_garbage_still_names_the_setting() -> None:
     with pytest.raises(SettingsError, match="BACKOFF_HTTP_CODES"):
         ThrottlingSettings.from_settings(Settings({"BACKOFF_HTTP_CODES": "429,soon"}))

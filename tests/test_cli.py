@@ -624,7 +624,10 @@ def test_inside_a_scrapy_project_its_settings_are_read(tmp_path, monkeypatch, ca
     )
     (tmp_path / "scrapy.cfg").write_text("[settings]\ndefault = cliproject.settings\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    # Scrapy sets SCRAPY_SETTINGS_MODULE when it finds the project: setting it
+    # first has monkeypatch remove it afterwards, so later tests see no project.
+    monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "")
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE")
     monkeypatch.setattr(sys, "path", list(sys.path))
     try:
         main(["explain", "http://example.com/", "--json"])
@@ -634,3 +637,10 @@ def test_inside_a_scrapy_project_its_settings_are_read(tmp_path, monkeypatch, ca
     scope = json.loads(capsys.readouterr().out)["scopes"][0]
     assert scope["limits"]["concurrency"]["value"] == 2
     assert "project settings" in scope["limits"]["concurrency"]["source"]
+
+
+def test_a_dict_setting_given_plain_text_exits_2(capsys):
+    """An acceptance probe: ``-s DOWNLOAD_SLOTS=notjson`` ended explain in a traceback."""
+    status = main(["explain", "https://example.com/", "-s", "DOWNLOAD_SLOTS=notjson"])
+    assert status == 2
+    assert "-s DOWNLOAD_SLOTS" in capsys.readouterr().err

@@ -103,7 +103,15 @@ def build_settings(
             ) from None
         settings.setmodule(module, priority="project")
     for name, value in overrides:
-        settings.set(name, value, priority="cmdline")
+        try:
+            settings.set(name, value, priority="cmdline")
+        except (TypeError, ValueError) as exc:
+            # A dict setting given text that is not JSON: Scrapy's own update()
+            # raises, which would end the command in a traceback.
+            raise CommandError(
+                f"-s {name}: {value!r} is not a value this setting takes ({exc}); "
+                "dict settings take a JSON object"
+            ) from None
     return settings
 
 
