@@ -171,12 +171,14 @@ def migration_report(settings: BaseSettings) -> list[Change]:
             Change("DOWNLOAD_DELAY_JITTER", jitter, "replaces the boolean RANDOMIZE_DOWNLOAD_DELAY")
         )
     if per_ip_limit(settings) > 0:
-        changes.append(
-            Change(
-                "SCHEDULER_PRIORITY_QUEUE",
-                "slotkit.ThrottlingAwarePriorityQueue",
-                "CONCURRENT_REQUESTS_PER_IP needs a queue that knows IP scopes",
+        reason = "CONCURRENT_REQUESTS_PER_IP needs a queue that knows IP scopes"
+        if settings.getdict("DOWNLOAD_SLOTS") and settings.getfloat("DOWNLOAD_DELAY") > 0:
+            reason += (
+                "\nrequests with a download_slot also keep their address's DOWNLOAD_DELAY "
+                "(Scrapy let them skip the per-IP slot): see docs/migration.rst"
             )
+        changes.append(
+            Change("SCHEDULER_PRIORITY_QUEUE", "slotkit.ThrottlingAwarePriorityQueue", reason)
         )
     slots = settings.getdict("DOWNLOAD_SLOTS")
     if slots:

@@ -169,3 +169,17 @@ def test_migrate_download_slots_become_valid_throttling_scopes() -> None:
     for scope in slots:
         old, new = before.scope_config(scope, "domain"), after.scope_config(scope, "domain")
         assert (old.concurrency, old.delay, old.jitter) == (new.concurrency, new.delay, new.jitter)
+
+
+def test_migrate_warns_that_download_slots_keep_the_address_pace_per_ip() -> None:
+    """An acceptance probe: stock Scrapy let a download_slot skip the per-IP slot,
+    slotkit's address scope keeps DOWNLOAD_DELAY for it too; migrate now says so."""
+    values = {
+        "CONCURRENT_REQUESTS_PER_IP": 3,
+        "DOWNLOAD_DELAY": 2.0,
+        "DOWNLOAD_SLOTS": {"bulk": {"delay": 0.5}},
+    }
+    text = format_report(migration_report(Settings(values, priority="project")))
+    assert "download_slot also keep their address's DOWNLOAD_DELAY" in text
+    quiet = format_report(migration_report(Settings({"CONCURRENT_REQUESTS_PER_IP": 3})))
+    assert "download_slot" not in quiet
