@@ -292,10 +292,18 @@ def silence_autothrottle(crawler: Crawler) -> None:
         for change in _autothrottle_changes(crawler.settings)
         if change.value is not None
     )
+    mapping = autothrottle_mapping(crawler.settings)
+    rampup = (
+        " Until then, rampup starts every site at concurrency 1 (a slot's own concurrency "
+        "included) and raises it one step per quiet BACKOFF_WINDOW."
+        if mapping is not None and mapping.rampup
+        else ""
+    )
     logger.warning(
         "AUTOTHROTTLE_ENABLED is set: slotkit applies its equivalents and keeps Scrapy's "
-        "AutoThrottle from changing delays. Write instead: %s (see `python -m slotkit migrate`).",
+        "AutoThrottle from changing delays. Write instead: %s (see `python -m slotkit migrate`).%s",
         lines,
+        rampup,
     )
     # The log line is for people; the warning is for test suites and -W error.
     warnings.warn(

@@ -165,15 +165,15 @@ class CrawlDelays:
             return
         if delay is None:
             return
+        site = urlparse_cached(request).hostname or ""
         try:
             delay = float(delay)
         except (TypeError, ValueError):
-            logger.debug("slotkit: ignoring robots.txt Crawl-delay %r", delay)
+            logger.debug("slotkit: ignoring %s's robots.txt Crawl-delay %r", site, delay)
             return
         if not math.isfinite(delay) or delay <= 0:
-            logger.debug("slotkit: ignoring robots.txt Crawl-delay %r", delay)
+            logger.debug("slotkit: ignoring %s's robots.txt Crawl-delay %r", site, delay)
             return
-        site = urlparse_cached(request).hostname or ""
         if delay > self._max_delay:
             logger.info(
                 "slotkit: %s asks for Crawl-delay %gs; using THROTTLING_ROBOTSTXT_MAX_DELAY=%gs",

@@ -136,6 +136,8 @@ async def test_crawl_with_autothrottle_settings(mock_site: MockSite, extension: 
         result = await run_crawl(ListSpider, settings, urls=urls, on_crawler=watch)
     assert len(result.responses) == 4
     assert result.log_text.count("AUTOTHROTTLE_ENABLED is set") == 1
+    # An acceptance probe: a slot's concurrency of 6 went to 1, and nothing said so.
+    assert "rampup starts every site at concurrency 1" in result.log_text
     # AutoThrottle would move the delay toward the latency; slotkit keeps the mapped one.
     assert set(delays) == {0.1}
     assert rampups  # AUTOTHROTTLE_TARGET_CONCURRENCY -> rampup
