@@ -260,35 +260,24 @@ def test_a_refused_value_is_told_the_range_really_accepted(
     assert accepted in str(info.value)
 
 
-def test_command_line_lists_are_read() -> None:
-    """``-s BACKOFF_HTTP_CODES=429,503`` arrives as a string; it means the list."""
+@pytest.mark.parametrize(
+    ("codes", "exceptions"),
+    [
+        # ``-s BACKOFF_HTTP_CODES=429,503`` arrives as a string; it means the list.
+        ("429, 503", "builtins.OSError,builtins.TimeoutError"),
+        # An acceptance probe: ``explain`` took a JSON list, the crawl refused it
+        # ("got '[429'").
+        ("[429, 503]", '["builtins.OSError", "builtins.TimeoutError"]'),
+    ],
+    ids=["comma-separated", "json"],
+)
+def test_command_line_lists_are_read(codes: str, exceptions: str) -> None:
     config = ThrottlingSettings.from_settings(
-        Settings(
-            {
-                "BACKOFF_HTTP_CODES": "429, 503",
-                "BACKOFF_EXCEPTIONS": "builtins.OSError,builtins.TimeoutError",
-            }
-        )
+        Settings({"BACKOFF_HTTP_CODES": codes, "BACKOFF_EXCEPTIONS": exceptions})
     )
     backoff = config.backoff_config("any.example")
     assert backoff.http_codes == frozenset({429, 503})
     assert backoff.exceptions == (OSError, TimeoutError)
-
-
-def test_command_line_json_lists_are_read() -> None:
-    """An acceptance probe: ``explain`` took ``-s 'BACKOFF_HTTP_CODES=[429,503]'``
-    while the crawl refused it ("got '[429'")."""
-    config = ThrottlingSettings.from_settings(
-        Settings(
-            {
-                "BACKOFF_HTTP_CODES": "[429, 503]",
-                "BACKOFF_EXCEPTIONS": '["builtins.OSError"]',
-            }
-        )
-    )
-    backoff = config.backoff_config("any.example")
-    assert backoff.http_codes == frozenset({429, 503})
-    assert backoff.exceptions == (OSError,)
 
 
 def test_command_line_garbage_still_names_the_setting() -> None:
