@@ -48,12 +48,12 @@ Decisions
   fields that is at least ``10**9`` is taken to be an absolute Unix
   timestamp (as GitHub sends) and converted to a delta against the ``Date``
   header, or ``now``; a timestamp that is not in the future is ignored.
-* A delay or reset above ``MAX_DELTA_SECONDS`` (``10**9`` s, any number
+* A ``Retry-After`` above ``MAX_DELTA_SECONDS`` (``10**9`` s, any number
   of digits, or an HTTP-date that far ahead) is ``MAX_DELTA_SECONDS``: the
   server asked for the longest wait, and capping it at ``BACKOFF_MAX_DELAY``
-  is the caller's job. (An epoch timestamp that far ahead is refused: it
-  is a unit mistake, milliseconds, more likely than a wait of decades.)
-  NaN and infinities never come out.
+  is the caller's job. A reset that large is refused: there it is a unit
+  mistake (an epoch timestamp, or milliseconds, where seconds belong) more
+  likely than a wait of decades. NaN and infinities never come out.
 * Each header family (structured ``RateLimit`` items, the ``RateLimit-*``
   separate fields, the ``X-RateLimit-*`` fields) gives one or more
   *policies*. ``remaining`` is the smallest remaining value of any policy,
@@ -121,9 +121,9 @@ from slotkit.headers_values import (
     MAX_DELTA_SECONDS,
     MAX_VALUE_LENGTH,
     _ahead_problem,
-    _figure_at_most,
     _retry_after_problem,
     _show,
+    _wait_at_most,
     parse_delta_seconds,
     parse_http_date,
 )
@@ -207,7 +207,7 @@ def _parse(headers: object, now: float) -> RateLimitHint:
                 if sources.debug:
                     sources.reject(_RETRY_AFTER, text, _retry_after_problem(text))
             else:
-                wait = _figure_at_most(retry_at - reference, MAX_DELTA_SECONDS)
+                wait = _wait_at_most(retry_at - reference, MAX_DELTA_SECONDS)
                 if wait is None and sources.debug:
                     problem = _ahead_problem(retry_at - reference, "HTTP-date")
                     sources.reject(_RETRY_AFTER, text, problem)

@@ -133,8 +133,14 @@ def _show(value: object, limit: int = _SHOWN_CHARS) -> str:
     return f"{shown[:limit]}... ({len(text)} chars)"
 
 
-def _figure_at_most(number: float, maximum: float) -> float | None:
-    """*number* if it is a non-negative figure; a wait beyond *maximum* is *maximum*.
+def _finite_in_range(number: float, maximum: float) -> float | None:
+    if math.isfinite(number) and 0 <= number <= maximum:
+        return number
+    return None
+
+
+def _wait_at_most(number: float, maximum: float) -> float | None:
+    """*number* if it is a wait of 0 or more seconds; a longer one than *maximum* is *maximum*.
 
     A server asking for longer than any wait this module reports (31 years)
     still asks for the longest: the caller caps it at ``BACKOFF_MAX_DELAY``,
@@ -142,26 +148,27 @@ def _figure_at_most(number: float, maximum: float) -> float | None:
     """
     if math.isnan(number) or number < 0:
         return None
-    if math.isfinite(maximum):
-        return min(number, maximum)
-    return number if math.isfinite(number) else None
+    return min(number, maximum)
 
 
-def _parse_number(text: str, *, fractions: bool = True, maximum: float = math.inf) -> float | None:
+def _parse_number(
+    text: str, *, fractions: bool = True, maximum: float = math.inf, clamp: bool = False
+) -> float | None:
     """A non-negative ASCII integer or decimal, or ``None``.
 
-    With a finite *maximum* (seconds), a larger number (any number of
-    digits) is *maximum*; without one, too many digits is no figure.
+    Above *maximum*: ``None``, or *maximum* with *clamp* (a wait, of any
+    number of digits).
     """
     text = text.strip(_OWS)
-    if not text or (len(text) > _MAX_NUMBER_CHARS and not math.isfinite(maximum)):
+    if not text or (len(text) > _MAX_NUMBER_CHARS and not clamp):
         return None
     pattern = _DECIMAL_RE if fractions else _INTEGER_RE
     if pattern.fullmatch(text) is None:
         return None
     # float() reads any number of digits cheaply (int() would hit Python's
     # digit limit); _to_text already refused values over MAX_VALUE_LENGTH.
-    return _figure_at_most(float(text), maximum)
+    number = float(text)
+    return _wait_at_most(number, maximum) if clamp else _finite_in_range(number, maximum)
 
 
 _NOT_A_NUMBER = "not a number"
@@ -204,7 +211,7 @@ def parse_delta_seconds(value: str | bytes) -> float | None:
     text = _to_text(value)
     if text is None:
         return None
-    number = _parse_number(text, fractions=False, maximum=MAX_DELTA_SECONDS)
+    number = _parse_number(text, fractions=False, maximum=MAX_DELTA_SECONDS, clamp=True)
     if number is None or number <= 0:
         return None
     return number
