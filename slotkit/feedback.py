@@ -83,7 +83,9 @@ class Feedback:
                 if budgeted and _spent_count_only(record):
                     # The budget holds a spent count itself, until the earliest
                     # moment the server's window can end: not a whole second late.
+                    # Requests in flight answered 429 meanwhile are this signal.
                     self._stats.inc("backoff/header_hints")
+                    scope.step_started_at = now
                 else:
                     self._hold(scope, record.delay, now)
                 changed = True
@@ -115,14 +117,14 @@ class Feedback:
 
         The reset is a server's figure like any wait hint: capped at the
         scope's ``max_delay``, as the hold of a spent count is. Returns
-        whether the scope's manager keeps such a budget.
+        whether the scope's budget took the answer (so it holds a spent
+        count itself): a hook that returns anything but ``True`` does not.
         """
         learns = getattr(scope.manager, "record_server_budget", None)
         if learns is None:
             return False
         reset, _ = capped(reset, self._config.backoff_config(scope.id))
-        learns(remaining, reset, ticket.left_at, now, limit)
-        return True
+        return learns(remaining, reset, ticket.left_at, now, limit) is True
 
     def _hold(self, scope: Scope, delay: float, now: float) -> None:
         config = self._config.backoff_config(scope.id)

@@ -330,17 +330,18 @@ class ThrottlingScopeManager(SavedScopeState):
         sent_at: float,
         now: float,
         limit: float | None = None,
-    ) -> None:
+    ) -> bool:
         """A response to the request sent at *sent_at* says the server takes
         *remaining* more requests in the *reset* seconds after *now* (and
         *limit* per window after that, if it said).
 
         An optional hook (not part of the interface): until then the scope
-        sends only what is left (see :mod:`slotkit.server_budget`).
+        sends only what is left (see :mod:`slotkit.server_budget`). Returns
+        whether the answer was taken (not one about a window that has ended).
         """
         if self.server_budget is None:
             self.server_budget = ServerBudget()
-        self.server_budget.learn(remaining, reset, sent_at, now, self.active, limit)
+        return self.server_budget.learn(remaining, reset, sent_at, now, self.active, limit)
 
     def set_base_delay(self, delay: float) -> None:
         self.delay = max(0.0, float(delay))

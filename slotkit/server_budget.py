@@ -20,6 +20,13 @@ its budget sends one request to ask (a probe): an answer that shows
 requests left starts the next window at once. Without this, an API
 allowing 10 requests per 1 s window with 0.2 s answers got 6 requests per
 second. A probe sent too early takes no further one until the latest bound.
+No bound is carried from one window to the next: many servers begin a
+window with its first request, not on the clock.
+
+A probe's answer starts the next window, but not its end: a sliding
+window's reset is when its next entry expires (12 ms, in a probe), and
+its whole limit is not back then; the latest bound stands. Probes ask only
+a server that stated its limit (see :meth:`ServerBudget._may_ask`).
 """
 
 from __future__ import annotations
@@ -57,9 +64,10 @@ class ServerBudget:
         "span",
         "until",
         "_flying",
+        "_asked",
+        "_opened_at",
         "_probe_at",
         "_sent",
-        "_whole",
     )
 
     def __init__(self) -> None:
@@ -81,8 +89,11 @@ class ServerBudget:
         self._flying: list[float] = []
         #: When the request asking whether the window ended left (``None``: none out).
         self._probe_at: float | None = None
-        #: Whether the current window's resets were given in whole seconds.
-        self._whole = False
+        #: When the current window began, if a reset or a probe began it:
+        #: answers to requests sent before then are about the window before.
+        self._opened_at = -math.inf
+        #: Whether a probe of this window came too early (no other one then).
+        self._asked = False
 
     def record_sent(self, now: float) -> None:
         """A request of the scope left at *now*."""
@@ -93,7 +104,7 @@ class ServerBudget:
             del sent[:-HISTORY]
         self._roll(now)
         if now < self.until:
-            if self.left < 1 and now >= self.early and self._probe_at is None:
+            if self.left < 1 and self._may_ask(now):
                 self._probe_at = now
             self.left -= 1
 
@@ -110,15 +121,16 @@ class ServerBudget:
         now: float,
         active: int,
         limit: float | None = None,
-    ) -> None:
+    ) -> bool:
         """A response to a request sent at *sent_at* says *remaining* are left for *reset* s.
 
         *active* counts the scope's requests in flight, this one included:
         until the history covers *sent_at*, all the others count as sent
-        after it (on the safe side).
+        after it (on the safe side). Returns whether the answer was taken
+        (``False``: it was about a window that has ended, or names none).
         """
         if not (math.isfinite(remaining) and math.isfinite(reset)) or reset <= 0:
-            return  # no window to budget (a reset of 0 is already over)
+            return False  # no window to budget (a reset of 0 is already over)
         sent = self._sent
         if sent and sent[0] <= sent_at:
             since = len(sent) - bisect.bisect_right(sent, sent_at)
@@ -133,52 +145,80 @@ class ServerBudget:
         until = now + reset
         self.limit = limit if limit is not None and limit > 0 else self.limit
         self._roll(now)
-        probe_at = self._probe_at
-        if probe_at is not None and sent_at >= probe_at and now < self.until:
+        if sent_at == self._probe_at and now < self.until:
+            # The probe's answer.
             self._probe_at = None
             if left >= 1:
                 # Some left after a spent budget: the server's window ended.
-                self._start(left, until, reset, sent_at, carried=self.early + self.span)
-                return
+                # (Its end one window on is no bound for the next one's: a
+                # window may begin with its first request, as this probe's.)
+                # Its latest bound stands: a sliding window's short reset (the
+                # next entry to expire) must not roll a whole limit in early.
+                self._start(left, max(until, self.until), max(self.span, reset), sent_at)
+                self.early = until
+                self._opened_at = sent_at
+                return True
             # Too early: no other probe in this window, whose end it bounds anew.
             self.left = min(self.left, left)
             self.until = max(self.until, until)
             self.early = self.until
-            return
+            self._asked = True
+            return True
         if now < self.until and abs(until - self.until) <= SAME_WINDOW:
+            if sent_at < self._opened_at:
+                # About the window before the one a reset or a probe began: its
+                # end says nothing of this one's, but its count is a safe side
+                # (a sliding window refills only part: a probe's rolled-in
+                # limit sent 12 of 60 requests into 429s without it).
+                self.left = min(self.left, left)
+                self.until = max(self.until, until)
+                return True
             # The same window: the tighter figure wins (responses come back
             # out of order, and resets are given in whole seconds).
             self.left = min(self.left, left)
             self.until = max(self.until, until)
-            self.early = min(self.early, until)
+            # (After a probe that came too early, only the latest bound.)
+            self.early = self.until if self._asked else min(self.early, until)
             self.span = max(self.span, reset)
             self.basis = max(self.basis, sent_at)
-        elif now >= self.until or sent_at > self.basis:
+            return True
+        if now >= self.until or sent_at > self.basis:
             # Another window, told by an answer to a request sent after the
             # one that set the current window (a penalty's long reset ended,
             # or the server counts afresh): it replaces the current one.
-            self._start(left, until, reset, sent_at, carried=math.inf)
-        # else: a late answer from a window that has ended since
+            self._start(left, until, reset, sent_at)
+            return True
+        return False  # a late answer from a window that has ended since
 
     def wait(self, now: float) -> float:
         """Seconds until the scope may send one more request (``0.0``: now)."""
         self._roll(now)
         if now >= self.until or self.left >= 1:
             return 0.0
-        if self._probe_at is None and self.early < self.until:
+        if self._may_ask(max(now, self.early)):
             return max(0.0, self.early - now)  # then one request may ask
         return self.until - now
 
-    def _start(
-        self, left: float, until: float, reset: float, sent_at: float, carried: float
-    ) -> None:
-        """A new window, as an answer told it (*carried*: the last one's end, one span on)."""
-        self.left, self.until, self.span, self.basis = left, until, reset, sent_at
-        self._whole = reset == int(reset)
-        # A whole-second reset bounds the window's end a second late at worst;
-        # the last window's earliest end, one span on, may be the tighter bound
-        # (fractional resets are exact, and need no such help).
-        self.early = min(until, carried) if self._whole else until
+    def _may_ask(self, now: float) -> bool:
+        """Whether a request may go at *now* to ask if the window has ended.
+
+        Only of a server that stated its limit: without one, the budget is
+        unknown past the latest bound, and the requests asking meanwhile
+        are in a sliding window's log then (a probe: 8 of 120 answered 429).
+        """
+        return (
+            self.limit is not None
+            and self._probe_at is None
+            and self.early <= now
+            and self.early < self.until
+        )
+
+    def _start(self, left: float, until: float, span: float, sent_at: float) -> None:
+        """A new window, as an answer told it."""
+        self.left, self.until, self.early, self.span, self.basis = left, until, until, span, sent_at
+        self._probe_at = None
+        self._opened_at = -math.inf
+        self._asked = False
 
     def _roll(self, now: float) -> None:
         """Past the reset, a server that stated its limit starts a fresh window."""
@@ -188,8 +228,10 @@ class ServerBudget:
             return
         # Windows missed entirely (no request for a while) are skipped.
         missed = math.floor((now - self.until) / self.span)
+        self._opened_at = self.until + missed * self.span
+        self._asked = False
         self.until += (missed + 1) * self.span
         self.early = math.inf  # until an answer bounds this window's end
-        # A probe still out was sent since the earliest end: it may count in this window.
+        # A probe still out was sent since the earliest end: it may count here.
         self.left = self.limit - (self._probe_at is not None)
         self._probe_at = None

@@ -727,6 +727,30 @@ async def test_a_spent_server_quota_holds_a_scope_without_a_quota_until_its_rese
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_429_in_flight_when_a_count_is_spent_takes_no_step():
+    """Review: the budget's hold of a spent count did not start a step, so a 429
+    to a request already in flight stepped the backoff (1 s) instead of counting
+    as the same signal."""
+    downloader, clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 3})
+    handler = handler_of(downloader)
+    first, second = Request("https://a.example/1"), Request("https://a.example/2")
+    boxes = [outcome(downloader.fetch(first)), outcome(downloader.fetch(second))]
+    await settle()
+    clock.advance(0.1)
+    pendings = {request.url: pending for request, pending in handler.pending}
+    headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"}
+    pendings[first.url].callback(Response(first.url, headers=headers, request=first))
+    await settle()
+    pendings[second.url].callback(Response(second.url, status=429, request=second))
+    await settle()
+    stats = downloader.crawler.stats.get_stats()
+    assert stats.get("throttling/backoff/steps") is None
+    assert stats.get("throttling/backoff/deduplicated") == 1
+    assert boxes[0]
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_longer_retry_after_on_a_spent_count_still_holds():
     """The budget keeps a spent count's hold from the earliest moment the window
     can end; a ``Retry-After`` asking for longer is a hold of its own."""
