@@ -124,7 +124,9 @@ class Feedback:
         if learns is None:
             return False
         reset, _ = capped(reset, self._config.backoff_config(scope.id))
-        return learns(remaining, reset, ticket.left_at, now, limit) is True
+        # The dispatch time the scope recorded (record_sent), which the
+        # shared downloader's later left_at is not: a probe is told by it.
+        return learns(remaining, reset, ticket.sent_at, now, limit) is True
 
     def _hold(self, scope: Scope, delay: float, now: float) -> None:
         config = self._config.backoff_config(scope.id)

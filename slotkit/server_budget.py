@@ -164,15 +164,17 @@ class ServerBudget:
             self.early = self.until
             self._asked = True
             return True
+        if sent_at < self._opened_at and now < self.until:
+            # About the window before the one a reset or a probe began (a probe
+            # answered after the reset, too): its end says nothing of this
+            # one's, and its reset is no window length, but its count is a
+            # safe side (a sliding window refills only part: a probe's
+            # rolled-in limit sent 12 of 60 requests into 429s without it; a
+            # review saw 227 429s where such an answer replaced the window).
+            self.left = min(self.left, left)
+            self.until = max(self.until, until)
+            return True
         if now < self.until and abs(until - self.until) <= SAME_WINDOW:
-            if sent_at < self._opened_at:
-                # About the window before the one a reset or a probe began: its
-                # end says nothing of this one's, but its count is a safe side
-                # (a sliding window refills only part: a probe's rolled-in
-                # limit sent 12 of 60 requests into 429s without it).
-                self.left = min(self.left, left)
-                self.until = max(self.until, until)
-                return True
             # The same window: the tighter figure wins (responses come back
             # out of order, and resets are given in whole seconds).
             self.left = min(self.left, left)

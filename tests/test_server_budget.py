@@ -199,6 +199,23 @@ def test_an_answer_after_the_probes_is_not_taken_for_the_probes() -> None:
     assert budget.wait(1.75) > 0
 
 
+def test_a_probe_answered_after_the_reset_does_not_replace_the_new_window() -> None:
+    """Review: the reset came before the probe's answer, which then replaced the
+    rolled window with its own short reset as the window's length; a sliding log
+    allowing 10 per 2 s got a whole limit every second (227 429s against 6)."""
+    budget = ServerBudget()
+    for _ in range(10):
+        budget.record_sent(0.0)
+    budget.learn(remaining=0, reset=3, sent_at=0.0, now=0.2, active=1, limit=10)
+    budget.learn(remaining=0, reset=3, sent_at=0.0, now=0.4, active=1, limit=10)
+    assert budget.wait(3.2) == 0.0
+    budget.record_sent(3.2)  # the probe, at the earliest bound
+    budget.wait(3.4)  # the reset, at the latest bound
+    budget.learn(remaining=0, reset=1, sent_at=3.2, now=3.45, active=1, limit=10)
+    assert budget.span == 3
+    assert budget.left <= 0
+
+
 def test_without_a_stated_limit_no_request_asks_early() -> None:
     """An acceptance probe: a sliding log that states no limit answered 8 of 120
     requests 429, the askers' entries still in its log at the latest bound."""
@@ -336,3 +353,51 @@ async def test_headers_alone_keep_a_crawl_under_the_servers_limit(mock_site: Moc
     result = await run_crawl(ListSpider, settings, urls=urls, crawl_timeout=60)
     assert len(result.responses) == 20
     assert api.rejected <= 3  # 8 sent at once into a window of 5
+
+
+def test_the_budget_is_told_the_dispatch_time_it_recorded() -> None:
+    """Review: the probe's answer is known by its dispatch time, but the feedback
+    passed ``left_at``, which the shared downloader stamps later; a probe that
+    found 9 left went unrecognised and the scope waited a whole window more."""
+    from types import SimpleNamespace
+
+    from twisted.internet.task import Clock
+
+    from slotkit.backoff import BackoffConfig
+    from slotkit.feedback import Feedback
+    from slotkit.outcomes import ScopeBackoff
+    from slotkit.registry import Scope
+
+    manager = ThrottlingScopeManager(concurrency=16)
+    scope = Scope("api.example", manager)
+    clock = Clock()
+    feedback = Feedback(
+        SimpleNamespace(backoff_config=lambda _: BackoffConfig()),  # type: ignore[arg-type]
+        SimpleNamespace(get=lambda _: scope),  # type: ignore[arg-type]
+        SimpleNamespace(poke=lambda _: None),  # type: ignore[arg-type]
+        clock,
+        SimpleNamespace(inc=lambda *_: None),  # type: ignore[arg-type]
+    )
+
+    def answer(sent_at: float, now: float, remaining: int) -> None:
+        clock.advance(now - clock.seconds())
+        manager.record_ending(sent_at, None)
+        manager.record_done(now)
+        # The shared downloader's left_at comes after the reservation: 2 ms later.
+        ticket = SimpleNamespace(sent_at=sent_at, left_at=sent_at + 0.002)
+        record = ScopeBackoff(remaining=remaining, reset=1.0, limit=10)
+        feedback.apply(ticket, {"api.example": record}, "response")  # type: ignore[arg-type]
+
+    manager.record_sent(0.0)
+    answer(0.0, 0.3, remaining=9)
+    for _ in range(9):
+        manager.record_sent(0.3)
+    for _ in range(8):  # the others of the turn answered already
+        manager.record_ending(0.3, None)
+        manager.record_done(0.6)
+    answer(0.3, 0.6, remaining=0)  # ends between 1.3 and 1.6
+    probe = 1.3
+    assert manager.can_send(probe) == 0.0
+    manager.record_sent(probe)
+    answer(probe, 1.45, remaining=9)
+    assert manager.can_send(1.45) == 0.0
