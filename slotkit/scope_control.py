@@ -83,15 +83,16 @@ class ScopeControl:
         the kind (and so the default concurrency) when the scope is created.
         """
         meta = request.meta
-        if type(raw) is str:  # the default manager's answer: skip building the error context
+        if type(raw) is str and raw:  # the default manager's answer: skip the error context
             scopes: dict[str, float | None] = {raw: None}
         else:
+            from_meta = raw is meta.get("throttling_scopes")  # the default manager passes it on
             where = (
                 f"the throttling_scopes meta of {request}"
-                if raw is meta.get("throttling_scopes")  # the default manager passes it on
+                if from_meta
                 else f"{type(self.manager).__name__}.get_scopes()"
             )
-            scopes = normalize_scopes(raw, where=where)
+            scopes = normalize_scopes(raw, where=where, empty_ok=not from_meta)
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
             self._kind_hints.setdefault(str(slot), DOMAIN)

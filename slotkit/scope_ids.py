@@ -123,13 +123,25 @@ def netloc_keys(settings: Any) -> dict[str, str]:
     return keys
 
 
-def normalize_scopes(scopes: object, *, where: str = "get_scopes()") -> dict[str, float | None]:
+def normalize_scopes(
+    scopes: object, *, where: str = "get_scopes()", empty_ok: bool = True
+) -> dict[str, float | None]:
     """Turn any accepted scopes value into ``{scope id: quota amount or None}``.
 
     Order is kept (the first scope is the request's primary scope, the one
     reported as its ``download_slot``); a set, having none, is taken sorted.
-    Bad values raise :class:`TypeError` naming *where* they came from.
+    Bad values raise :class:`TypeError` naming *where* they came from, and
+    so does an empty id unless *empty_ok* (a manager may give ``""``: the
+    site of a URL with no host, such as ``data:``; a user's meta may not,
+    as ``THROTTLING_SCOPES`` refuses it).
     """
+    result = _normalized(scopes, where)
+    if not empty_ok and "" in result:
+        raise TypeError(f"{where} gave an empty scope id; a scope id is a non-empty str")
+    return result
+
+
+def _normalized(scopes: object, where: str) -> dict[str, float | None]:
     if scopes is None:
         return {}
     if isinstance(scopes, str):

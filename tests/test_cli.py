@@ -363,7 +363,10 @@ def test_meta_selects_scopes(capsys):
     assert limit(data, "users", "delay")[0] == 5.0
 
 
-@pytest.mark.parametrize("meta", ['{"throttling_scopes": 5}', '{"throttling_scopes": {"a": -1}}'])
+@pytest.mark.parametrize(
+    "meta",
+    ['{"throttling_scopes": 5}', '{"throttling_scopes": {"a": -1}}', '{"throttling_scopes": ""}'],
+)
 def test_a_bad_throttling_scopes_meta_is_blamed_on_the_meta(capsys, meta):
     """Not on a get_scopes() the user never wrote."""
     status = main(["explain", "https://example.com/", "--meta", meta])

@@ -209,10 +209,14 @@ async def test_a_bad_throttling_scopes_meta_fails_its_request_naming_the_meta(
         {"url": mock_site.url("127.0.0.1", "/page/1"), "meta": {"throttling_scopes": b"api"}},
         {"url": mock_site.url("127.0.0.1", "/page/2"), "meta": {"throttling_scopes": "api"}},
         {"url": mock_site.url("127.0.0.1", "/page/3"), "meta": {"throttling_scopes": {"a": -1}}},
+        # An acceptance probe: "" was taken as a scope, where THROTTLING_SCOPES refuses it.
+        {"url": mock_site.url("127.0.0.1", "/page/4"), "meta": {"throttling_scopes": ""}},
+        {"url": mock_site.url("127.0.0.1", "/page/5"), "meta": {"throttling_scopes": ["", "a"]}},
     ]
     result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
     assert len(result.responses) == 1
-    assert sorted(error.url.rsplit("/", 1)[1] for error in result.errors) == ["0", "1", "3"]
+    failed = sorted(error.url.rsplit("/", 1)[1] for error in result.errors)
+    assert failed == ["0", "1", "3", "4", "5"]
     for error in result.errors:
         assert error.type in {"TypeError", "ValueError"}
         assert error.message.startswith("the throttling_scopes meta of <GET ")

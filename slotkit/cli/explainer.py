@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- explain: scopes
 
 
+#: How explain names a --meta throttling_scopes in its errors.
+META_WHERE = "the throttling_scopes meta (--meta)"
+
+
 def _run_now(value: Any, where: str) -> tuple[Any, str | None]:
     """Resolve *value* if it needs no event loop; else ``(None, why not)``.
 
@@ -132,9 +136,9 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
         type(getattr(manager, "inner", manager)).get_scopes is ThrottlingManager.get_scopes
         and request.meta.get("throttling_scopes") is not None
     ):
-        where = "the throttling_scopes meta (--meta)"  # the default manager passes it on
+        where = META_WHERE  # the default manager passes it on
     try:
-        scopes = normalize_scopes(raw, where=where)
+        scopes = normalize_scopes(raw, where=where, empty_ok=where != META_WHERE)
     except TypeError as exc:
         raise CommandError(str(exc)) from None
 
