@@ -154,13 +154,12 @@ class ServerBudget:
                 # window may begin with its first request, as this probe's.)
                 # Its latest bound stands: a sliding window's short reset (the
                 # next entry to expire) must not roll a whole limit in early.
-                self._start(left, max(until, self.until), max(self.span, reset), sent_at)
-                self.early = until
+                latest = max(until, self.until)
+                self._start(left, latest, max(self.span, reset), sent_at, early=until)
                 self._opened_at = sent_at
                 return True
             # Too early: no other probe in this window, whose end it bounds anew.
-            self.left = min(self.left, left)
-            self.until = max(self.until, until)
+            self._tighten(left, until)
             self.early = self.until
             self._asked = True
             return True
@@ -171,14 +170,12 @@ class ServerBudget:
             # safe side (a sliding window refills only part: a probe's
             # rolled-in limit sent 12 of 60 requests into 429s without it; a
             # review saw 227 429s where such an answer replaced the window).
-            self.left = min(self.left, left)
-            self.until = max(self.until, until)
+            self._tighten(left, until)
             return True
         if now < self.until and abs(until - self.until) <= SAME_WINDOW:
             # The same window: the tighter figure wins (responses come back
             # out of order, and resets are given in whole seconds).
-            self.left = min(self.left, left)
-            self.until = max(self.until, until)
+            self._tighten(left, until)
             # (After a probe that came too early, only the latest bound.)
             self.early = self.until if self._asked else min(self.early, until)
             self.span = max(self.span, reset)
@@ -215,9 +212,17 @@ class ServerBudget:
             and self.early < self.until
         )
 
-    def _start(self, left: float, until: float, span: float, sent_at: float) -> None:
-        """A new window, as an answer told it."""
-        self.left, self.until, self.early, self.span, self.basis = left, until, until, span, sent_at
+    def _tighten(self, left: float, until: float) -> None:
+        """Another answer about the current window: the fewer left, the later end."""
+        self.left = min(self.left, left)
+        self.until = max(self.until, until)
+
+    def _start(
+        self, left: float, until: float, span: float, sent_at: float, early: float | None = None
+    ) -> None:
+        """A new window, as an answer told it (*early*: its earliest end, if not *until*)."""
+        self.left, self.until, self.span, self.basis = left, until, span, sent_at
+        self.early = until if early is None else early
         self._probe_at = None
         self._opened_at = -math.inf
         self._asked = False
