@@ -568,7 +568,7 @@ async def restart_store_before_the_moment(cluster: Cluster) -> None:
     a, b = cluster.workers
     a.backend.down = False
     await cluster.run_for(0.3)
-    assert a.throttle._store_back, "a learned a moment and told the store its requests"
+    assert a.throttle.switch.store_back, "a learned a moment and told the store its requests"
     a.backend.down = True
     cluster.store.hashes.clear()
     cluster.store.zsets.clear()
@@ -636,7 +636,9 @@ async def store_back_in_grace(cluster: Cluster) -> None:
     for w in cluster.workers:
         w.backend.down = False
     await cluster.run_for(0.6)
-    assert all(w.throttle.mode == FALLBACK and w.throttle._store_back for w in cluster.workers)
+    assert all(
+        w.throttle.mode == FALLBACK and w.throttle.switch.store_back for w in cluster.workers
+    )
 
 
 @pytest_twisted.ensureDeferred
@@ -686,7 +688,7 @@ async def test_a_waiter_admitted_in_the_turn_of_the_switch_asks_the_store():
     assert not second.done()
     await store_back_in_grace(cluster)
     a.throttle.release(first.result())  # grants the waiter...
-    a.throttle._resync()  # ...and the switch comes in the same turn
+    a.throttle.switch.resync()  # ...and the switch comes in the same turn
     await settle()
     ticket = second.result()
     assert ticket.fallback_ticket is None, "it went through the store"
@@ -717,13 +719,13 @@ async def test_a_beat_answered_after_close_starts_nothing():
     for _ in range(100):
         cluster.advance(0.01)
         await settle(2)
-        if a.throttle._beat_in_flight:
+        if a.throttle.heartbeat.in_flight:
             break
-    assert a.throttle._beat_in_flight
+    assert a.throttle.heartbeat.in_flight
     a.throttle.close()
     cluster.advance(0.06)
     await settle()
-    assert a.throttle._resync_call is None
+    assert a.throttle.switch.resync_call is None
     assert not future.result().adopted
     assert leases(cluster, "z") == set()
     cluster.close()

@@ -1,4 +1,4 @@
-"""The store side of the shared throttle: calls, piggy-backed releases, heartbeat, modes.
+"""The store side of the shared throttle: calls, piggy-backed releases, events.
 
 :class:`StoreLink` is the base of :class:`~slotkit.shared.throttle.SharedThrottle`;
 it owns everything about talking to the store and nothing about requests:
@@ -6,8 +6,10 @@ it owns everything about talking to the store and nothing about requests:
 * every call carries the leases waiting to be given back (see
   :meth:`StoreLink._give_back`), so a busy crawl needs about one call per
   request;
-* the heartbeat only calls the store when nothing else did for a while;
-* failures switch to the local fallback, a successful heartbeat re-syncs;
+* the heartbeat only calls the store when nothing else did for a while
+  (its :class:`~slotkit.shared.heartbeat.Heartbeat`);
+* failures switch to the local fallback, a successful heartbeat re-syncs
+  (its :class:`~slotkit.shared.modes.ModeSwitch`);
 * a failed call never ends in a ``BaseException`` (see
   :func:`slotkit.shared.client._as_store_error`).
 """
@@ -15,17 +17,18 @@ it owns everything about talking to the store and nothing about requests:
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredLock, succeed
 
 from slotkit.shared.client import StoreDownError, _as_store_error
-from slotkit.shared.fallback import LocalFallback, adoption
+from slotkit.shared.fallback import LocalFallback
+from slotkit.shared.heartbeat import Heartbeat
 from slotkit.shared.manager import SharedScopeManager
+from slotkit.shared.modes import FALLBACK, SHARED, ModeSwitch
 from slotkit.shared.options import ThrottleOptions
 from slotkit.shared.twin import fmt
 from slotkit.shared.waits import Sleeps
@@ -37,12 +40,7 @@ if TYPE_CHECKING:
     from slotkit.shared.client import Backend
     from slotkit.shared.options import Pass
 
-logger = logging.getLogger("slotkit")
-
 __all__ = ["FALLBACK", "SHARED", "StoreLink"]
-
-SHARED = "shared"
-FALLBACK = "fallback"
 
 #: A lease to give back: (lease id, its lease-set key, the scope's concurrency).
 Release = tuple[str, str, str]
@@ -68,18 +66,16 @@ class StoreLink:
         self.workers_key = self.prefix + "w"
         self.resync_key = self.prefix + "r"
         self.channel = self.prefix + "ev"
+        #: SHARED or FALLBACK; :attr:`switch` changes it.
         self.mode = SHARED
         self.workers = 1
         #: How many live workers' ids sort before this one's (see SharedScopeManager.scale).
         self.rank = 0
-        self._on_mode = on_mode
         self._leases = itertools.count()
         self._failures = 0
         self._last_success = clock.seconds()
-        #: When a call last proved this worker alive to the store (none yet).
-        self._alive_at = -math.inf
-        #: When the last call carrying the heartbeat left (see _call).
-        self._heartbeat_sent_at = -math.inf
+        #: Keeps this worker alive in the store; probes the store while it is away.
+        self.heartbeat = Heartbeat(self)
         self._managers: dict[str, SharedScopeManager] = {}
         self.local = LocalFallback(clock)
         self.sleeps = Sleeps(clock)
@@ -103,13 +99,8 @@ class StoreLink:
         #: When a worker last found each scope full ("need"): its releases
         #: then go at once, since workers queue for the scope.
         self._needed_at: dict[str, float] = {}
-        self._beat_call: IDelayedCall | None = None
-        self._resync_call: IDelayedCall | None = None
-        #: In fallback, but the store answers: its requests are told to it as they go.
-        self._store_back = False
-        #: The switch-back moment as the store stored it (it tells a new store apart).
-        self._moment: str | None = None
-        self._beat_in_flight = False
+        #: Falls back when calls fail, and goes back to the store (re-sync).
+        self.switch = ModeSwitch(self, on_mode)
         self._closed = False
         self._closing: Deferred[None] | None = None
         self._stopping = False
@@ -138,7 +129,7 @@ class StoreLink:
         if isinstance(prepared, Deferred):
             prepared.addErrback(lambda _: None)
         self.backend.subscribe(self.channel, self._event)
-        self._schedule_beat(0.0)
+        self.heartbeat.schedule(0.0)
 
     def stop_waiting(self, reason: str = "the downloader closed") -> None:
         """Fail every request still waiting for the store or the fallback (spider closing)."""
@@ -156,11 +147,11 @@ class StoreLink:
             return self._closing
         self.stop_waiting()
         self._closed = True
-        for call in (self._beat_call, self._flush_call, self._resync_call):
+        for call in (self.heartbeat.next_beat, self._flush_call, self.switch.resync_call):
             if call is not None and call.active():
                 call.cancel()
         leaving: Deferred[Any] = succeed(None)
-        if self.mode == SHARED or self._store_back:
+        if self.mode == SHARED or self.switch.store_back:
             # Back from a fallback the store answers again and holds leases of
             # this worker's (adopted) requests: they ride on the leave call.
             leaving = self._call([self.workers_key], "leave", [])
@@ -197,19 +188,7 @@ class StoreLink:
             self._flush_call.cancel()
         self._flush_call = None
         keys = list(keys)
-        # The heartbeat (this worker's ttl: the store counts it alive and
-        # tells it the worker count and its rank) goes on one call per half
-        # heartbeat period, not on every call: it was half of the store's
-        # time per acquire with eight workers. Every call while not in
-        # shared mode, and beats and leaves, carry it.
-        now = self.clock.seconds()
-        heartbeat = (
-            op in ("beat", "leave")
-            or self.mode != SHARED
-            or now - self._heartbeat_sent_at >= self.options.beat / 2
-        )
-        if heartbeat:
-            self._heartbeat_sent_at = now
+        heartbeat = self.heartbeat.rides_on(op)
         ttl = fmt(self.options.worker_ttl) if heartbeat else ""
         head = [op, "", self.worker_id, ttl, str(len(riding))]
         for lease, lease_key, concurrency in riding:
@@ -227,7 +206,7 @@ class StoreLink:
             # (giving a lease back twice is harmless); nor the heartbeat.
             self._releases[:0] = riding
             if heartbeat:
-                self._heartbeat_sent_at = -math.inf
+                self.heartbeat.sent_at = -math.inf
             return self._failed(failure)
 
         d.addCallbacks(self._succeeded, failed)
@@ -238,7 +217,7 @@ class StoreLink:
         self._last_success = self.clock.seconds()
         if len(reply) > 1 and reply[1]:
             # A call carrying the heartbeat (the others answer '' here).
-            self._alive_at = self._last_success
+            self.heartbeat.alive_at = self._last_success
         if len(reply) > 1 and reply[1] and self.mode == SHARED:
             # Not while falling back: a restarted store first counts only the
             # workers that found it back, and the fallback's shares must hold
@@ -274,10 +253,10 @@ class StoreLink:
             self._failures >= self.options.failures
             or now - self._last_success >= self.options.fallback_after
         ):
-            self._enter_fallback(now, failure)
-        elif self.mode == SHARED and not self._beat_in_flight and not self._closed:
+            self.switch.enter_fallback(now, failure)
+        elif self.mode == SHARED and not self.heartbeat.in_flight and not self._closed:
             # Probe at once: a second failure soon after decides the fallback.
-            self._schedule_beat(0.0)
+            self.heartbeat.schedule(0.0)
         return failure
 
     def _give_back(self, ticket: Pass, lease: str, now: bool) -> None:
@@ -301,7 +280,7 @@ class StoreLink:
         (Its request was admitted another way, is waiting for a quota or a
         hold, or the crawl is closing.) Releases waiting to ride go along.
         """
-        if self._closed or (self.mode != SHARED and not self._store_back):
+        if self._closed or (self.mode != SHARED and not self.switch.store_back):
             return  # (falling back but the store answers: its queues are live)
         self._call(self._keys([scope_id]), "release", ["1", "2"]).addErrback(lambda _: None)
 
@@ -309,163 +288,6 @@ class StoreLink:
         self._flush_call = None
         if self._releases and self.mode == SHARED and not self._closed:
             self._call([self.workers_key], "release", []).addErrback(lambda _: None)
-
-    # Modes
-
-    def _enter_fallback(self, now: float, failure: Failure) -> None:
-        self.mode = FALLBACK
-        self._store_back = False
-        self._moment = None
-        self._cancel_resync()
-        self.fallbacks += 1
-        self.fell_back_at = now
-        logger.warning(
-            "slotkit: the shared throttling store failed (%s); throttling locally at 1/%d "
-            "of the shared limits until it answers again",
-            failure.getErrorMessage() or type(failure.value).__name__,
-            self.workers,
-        )
-        for manager in self._managers.values():
-            manager.scale(self.workers, self.rank)
-            manager.told_units = 0.0
-        # Requests waiting on the store move to the fallback now.
-        self.sleeps.end_all("fallback")
-        if self._on_mode is not None:
-            self._on_mode(FALLBACK)
-        self._schedule_beat(self.options.probe)
-
-    def _resync_in(self, wait: float, moment: str | None = None) -> None:
-        """Go back to the store after *wait* seconds, the moment every worker does.
-
-        Meanwhile the fallback goes on, and the store is told of each of its
-        requests as it goes (see :meth:`_adopt`): when the workers switch,
-        the store knows what all of their fallbacks have in flight.
-        """
-        if self._closed:
-            return
-        if moment is not None:
-            if self._store_back and self._moment is not None and moment != self._moment:
-                self._forget_adoptions()
-            self._moment = moment
-        if wait <= 0:
-            self._resync()
-            return
-        if not self._store_back:
-            self._store_back = True
-            self._adopt(
-                self.clock.seconds(), self.local.in_flight.values(), self._managers.values()
-            )
-        if self._resync_call is None or not self._resync_call.active():
-            self._resync_call = self.clock.callLater(wait, self._resync_when_due)
-
-    def _forget_adoptions(self) -> None:
-        """The store that set our moment is gone (restarted empty): tell the new one all again.
-
-        Lease ids are kept, so a store that did take them counts each once;
-        quota units told twice only make the quota stricter.
-        """
-        self._store_back = False
-        for ticket in self.local.in_flight.values():
-            ticket.adopted = False
-        for manager in self._managers.values():
-            manager.untold_units += manager.told_units
-            manager.told_units = 0.0
-
-    def _resync_when_due(self) -> None:
-        self._resync_call = None
-        # Ask once more rather than switch: a store that restarted since it
-        # set the moment knows neither it nor what the other workers'
-        # fallbacks sent, and going back to it alone would exceed the limits
-        # beside them. It sets a new moment instead; the same store answers
-        # that the moment has come (see the beat reply). A beat in flight
-        # already asks.
-        due = self.mode == FALLBACK and self._failures == 0 and not self._closed
-        if due and not self._beat_in_flight:
-            self._schedule_beat(0.0)
-
-    def _cancel_resync(self) -> None:
-        if self._resync_call is not None and self._resync_call.active():
-            self._resync_call.cancel()
-        self._resync_call = None
-
-    def _resync(self) -> None:
-        """The store answered again: write back known holds, free leftovers, go shared."""
-        if self._closed:
-            return
-        self._cancel_resync()
-        now = self.clock.seconds()
-        self.mode = SHARED
-        self.resyncs += 1
-        self.resynced_at = now
-        for scope_id, manager in self._managers.items():
-            if manager.fallback.hold_until > now:
-                self._send_backoff([scope_id], [manager], manager.fallback.hold_until - now, 0.0)
-            # The fallback stays at 1/N: requests it admitted may still be in
-            # flight, and it also admits a request whose call fails later on.
-            manager.scale(self.workers, self.rank)
-        if self._releases:
-            self._flush()
-        self._adopt(now, self.local.in_flight.values(), self._managers.values())
-        self._store_back = False
-        self._moment = None
-        self.local.reroute()
-        self.backend.subscribe(self.channel, self._event)
-        logger.info("slotkit: the shared throttling store is back; throttling is shared again")
-        if self._on_mode is not None:
-            self._on_mode(SHARED)
-
-    def _adopt(
-        self, now: float, tickets: Iterable[Pass], managers: Iterable[SharedScopeManager]
-    ) -> None:
-        """Tell the store what this worker's fallback sent while the store was away.
-
-        A restarted store knows nothing, and a thawed one never saw these
-        requests: without this, the store would hand out every slot and an
-        immediate dispatch while the fallback's requests are still in flight
-        (see :func:`slotkit.shared.fallback.adoption`).
-        """
-        call = adoption(
-            now, tickets, managers, self.options, lambda: f"{self.worker_id}:{next(self._leases)}"
-        )
-        if call is not None:
-            self._call(self._keys(call.scope_ids), "adopt", call.args).addErrback(call.failed)
-
-    def _schedule_beat(self, delay: float) -> None:
-        if self._closed:
-            return
-        if self._beat_call is not None and self._beat_call.active():
-            self._beat_call.cancel()
-        self._beat_call = self.clock.callLater(delay, self._beat)
-
-    def _beat(self) -> None:
-        self._beat_call = None
-        quiet = self.clock.seconds() - self._alive_at
-        if self.mode == SHARED and self._failures == 0 and quiet < self.options.beat * 0.9:
-            # Other calls proved this worker alive lately: no heartbeat needed yet.
-            self.backend.subscribe(self.channel, self._event)
-            self._schedule_beat(self.options.beat - quiet)
-            return
-        self._beat_in_flight = True
-        if self.mode == FALLBACK:
-            grace = max(self.options.resync_grace, self.options.probe)
-            d = self._call([self.workers_key, self.resync_key], "beat", [fmt(grace)])
-        else:
-            d = self._call([self.workers_key], "beat", [])
-
-        def ok(reply: list[str]) -> None:
-            self._beat_in_flight = False
-            if self._closed:
-                return  # answered after close: nothing to adopt or resume
-            if self.mode == FALLBACK:  # (in shared mode _succeeded renewed the subscription)
-                moment = reply[3] if len(reply) > 3 else None
-                self._resync_in(float(reply[2]) if len(reply) > 2 else 0.0, moment)
-            self._schedule_beat(self.options.beat)
-
-        def failed(_: object) -> None:
-            self._beat_in_flight = False
-            self._schedule_beat(self.options.probe)
-
-        d.addCallbacks(ok, failed)
 
     # Events published by the script
 

@@ -70,7 +70,7 @@ class Pass:
     sent_at: float = 0.0
     #: Give the lease back at once: its scope had no free slot left.
     urgent: bool = False
-    #: A fallback request the store has been told of (see StoreLink._adopt).
+    #: A fallback request the store has been told of (see ModeSwitch.adopt).
     adopted: bool = False
     #: It waited in the shared layer (its reserved time, a full scope, a quota).
     waited: bool = False

@@ -174,8 +174,8 @@ class SharedThrottle(StoreLink):
             if manager.quota is not None:
                 manager.untold_units += 1.0 if amount is None else amount
         ticket.sent_at = self.clock.seconds()
-        if self._store_back:
-            self._adopt(ticket.sent_at, [ticket], ticket.managers)
+        if self.switch.store_back:
+            self.switch.adopt(ticket.sent_at, [ticket], ticket.managers)
         return True
 
     def _dispatched(self, ticket: Pass) -> None:
