@@ -111,7 +111,11 @@ class IThrottlingManager(Interface):
         """Return what *response* says about the scopes of its request.
 
         ``None`` when it says nothing; otherwise a dict mapping scope ids to
-        :class:`slotkit.ScopeBackoff` records. May be a coroutine.
+        :class:`slotkit.ScopeBackoff` records. May be a coroutine. The shapes
+        of the upstream draft are read too: a scope id or an iterable of them
+        (each backs off), and dict values that are ``None``, ``{}`` or plain
+        dicts with ``"delay"``, ``"consumed"``, ``"remaining"`` (or
+        ``"quota"``) and ``"trigger"`` keys (see :func:`slotkit.outcomes.as_backoff`).
         """
 
     def get_exception_backoff(request: Request, exception: BaseException) -> Any:

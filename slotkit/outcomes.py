@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
 
-__all__ = ["Backoff", "ScopeBackoff", "cut_by_cancel", "update_scope_backoff"]
+__all__ = ["Backoff", "ScopeBackoff", "as_backoff", "cut_by_cancel", "update_scope_backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +34,75 @@ class ScopeBackoff:
     limit: float | None = None
 
 
-#: What ``get_response_backoff`` returns: ``None`` or scope id -> :class:`ScopeBackoff`.
+#: What ``get_response_backoff`` returns: ``None`` or scope id -> :class:`ScopeBackoff`
+#: (other shapes are read by :func:`as_backoff`).
 Backoff = Mapping[str, ScopeBackoff] | None
+
+#: The keys of a plain-dict record (``"quota"``: the draft's name for ``remaining``).
+RECORD_KEYS = ("trigger", "delay", "consumed", "remaining", "quota")
+
+ACCEPTED = (
+    "None, a scope id, an iterable of scope ids, or a dict mapping scope ids to "
+    "ScopeBackoff records, None or dicts with the keys " + ", ".join(RECORD_KEYS)
+)
+
+
+def as_backoff(value: Any, where: str) -> Backoff:
+    """*value*, what a manager said of an outcome, as scope id -> :class:`ScopeBackoff`.
+
+    Besides slotkit's dict of records, reads the shapes of the upstream
+    draft of this API, so managers written against it work unchanged: a scope
+    id or an iterable of them (each scope backs off), and dict values that
+    are ``None`` or ``{}`` (the scope backs off) or plain dicts such as
+    ``{"delay": 5.0}`` (a hold, which is a trigger), ``{"consumed": 2.0}`` or
+    ``{"remaining": 0}`` (quota corrections only, unless ``"trigger"`` says
+    otherwise). Raises :class:`TypeError` or :class:`ValueError` naming
+    *where* for anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        if all(type(record) is ScopeBackoff for record in value.values()):
+            return value  # slotkit's own shape: the common case costs one pass
+        return {
+            _scope_id(scope, where): _record(record, scope, where)
+            for scope, record in value.items()
+        }
+    if isinstance(value, str):
+        return {_scope_id(value, where): ScopeBackoff(trigger=True)}
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, bytearray)):
+        return {_scope_id(scope, where): ScopeBackoff(trigger=True) for scope in value}
+    raise TypeError(f"{where} returned {value!r}; expected {ACCEPTED}")
+
+
+def _scope_id(scope: Any, where: str) -> str:
+    if not isinstance(scope, str):
+        raise TypeError(f"{where}: a scope id must be a str, got {scope!r}")
+    return scope
+
+
+def _record(entry: Any, scope: str, where: str) -> ScopeBackoff:
+    if isinstance(entry, ScopeBackoff):
+        return entry
+    if entry is None:
+        return ScopeBackoff(trigger=True)
+    if not isinstance(entry, Mapping):
+        raise TypeError(f"{where}: the record of scope {scope!r} is {entry!r}; expected {ACCEPTED}")
+    unknown = [key for key in entry if key not in RECORD_KEYS]
+    if unknown:
+        match = difflib.get_close_matches(str(unknown[0]), RECORD_KEYS, n=1, cutoff=0.6)
+        hint = f" (did you mean {match[0]!r}?)" if match else ""
+        raise TypeError(
+            f"{where}: the record of scope {scope!r} has the unknown key {unknown[0]!r}{hint}; "
+            f"accepted keys: {', '.join(RECORD_KEYS)}"
+        )
+    remaining = entry.get("remaining", entry.get("quota"))
+    figures = {"delay": entry.get("delay"), "consumed": entry.get("consumed")}
+    for name, figure in (*figures.items(), ("remaining", remaining)):
+        _check_figure(name, figure, minimum=-math.inf if name == "consumed" else 0.0, where=where)
+    counts_only = figures["consumed"] is not None or remaining is not None
+    trigger = entry.get("trigger", figures["delay"] is not None or not counts_only)
+    return ScopeBackoff(trigger=bool(trigger), remaining=remaining, **figures)
 
 
 def update_scope_backoff(
@@ -52,13 +120,21 @@ def update_scope_backoff(
     :class:`ValueError` for a figure no server could mean: a ``delay`` or
     ``remaining`` that is not a finite number >= 0, a ``consumed`` that is not
     a finite number (negative gives units back).
+
+    *backoff* may have any shape :func:`as_backoff` reads. Given no figure
+    and no ``trigger``, a scope not named yet is added as backing off (the
+    draft's "add the bare scope"); one already named is left as it is.
     """
     if not isinstance(scope, str):
         raise TypeError(f"update_scope_backoff() needs a scope id (a str), got {scope!r}")
-    _check_figure("delay", delay, minimum=0.0)
-    _check_figure("remaining", remaining, minimum=0.0)
-    _check_figure("consumed", consumed, minimum=-math.inf)
-    result = dict(backoff or {})
+    where = "update_scope_backoff()"
+    _check_figure("delay", delay, minimum=0.0, where=where)
+    _check_figure("remaining", remaining, minimum=0.0, where=where)
+    _check_figure("consumed", consumed, minimum=-math.inf, where=where)
+    result = dict(as_backoff(backoff, where) or {})
+    if trigger is None and delay is None and consumed is None and remaining is None:
+        result.setdefault(scope, ScopeBackoff(trigger=True))
+        return result
     record = result.get(scope, ScopeBackoff())
     changes: dict[str, Any] = {}
     if trigger is not None:
@@ -73,16 +149,14 @@ def update_scope_backoff(
     return result
 
 
-def _check_figure(name: str, value: float | None, *, minimum: float) -> None:
+def _check_figure(name: str, value: Any, *, minimum: float, where: str) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"update_scope_backoff(): {name} must be a number, got {value!r}")
+        raise ValueError(f"{where}: {name} must be a number, got {value!r}")
     if not math.isfinite(value) or value < minimum:
         bound = "" if minimum == -math.inf else f" >= {minimum:g}"
-        raise ValueError(
-            f"update_scope_backoff(): {name} must be a finite number{bound}, got {value!r}"
-        )
+        raise ValueError(f"{where}: {name} must be a finite number{bound}, got {value!r}")
 
 
 def cut_by_cancel(exc: BaseException) -> bool:

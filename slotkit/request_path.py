@@ -29,7 +29,7 @@ from slotkit.closing import REQUEUED, requeued
 from slotkit.feedback import current_request
 from slotkit.gate import GateClosedError
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
-from slotkit.outcomes import cut_by_cancel
+from slotkit.outcomes import as_backoff, cut_by_cancel
 from slotkit.signaling import send_if_heard
 from slotkit.validation import finite_seconds
 
@@ -204,7 +204,8 @@ class RequestPath:
                     # arrives as a failed response). That says nothing about
                     # the site, and a retry would undo the cancel.
                     raise CancelledError(f"the download of {request} was cancelled") from exc
-                backoff = await resolved(self.manager.get_exception_backoff(request, exc))
+                said = await resolved(self.manager.get_exception_backoff(request, exc))
+                backoff = as_backoff(said, "get_exception_backoff()")
                 self.backoff.apply(ticket, backoff, reason=type(exc).__name__)
                 raise
             if response.request is None:
@@ -220,11 +221,12 @@ class RequestPath:
             )
             token = current_request.set(request)
             try:
-                backoff = self.manager.get_response_backoff(response)
-                if needs_await(backoff):
-                    backoff = await resolved(backoff)
+                said = self.manager.get_response_backoff(response)
+                if needs_await(said):
+                    said = await resolved(said)
             finally:
                 current_request.reset(token)
+            backoff = as_backoff(said, "get_response_backoff()")
             self.backoff.apply(ticket, backoff, reason=str(response.status))
             return response, self.backoff.is_signal(response, backoff)
         finally:

@@ -499,3 +499,38 @@ async def test_shared_waits_are_in_the_wait_stats(mock_site: MockSite) -> None:
     # The first goes at once; the three others wait their turn (0.2 s apart).
     assert result.stats["throttling/requests_delayed"] == 3
     assert result.stats["throttling/wait_time_max"] >= 0.4
+
+
+class DraftShapeManager(ThrottlingManager):
+    """Written against the upstream draft: a bare scope id, or a plain dict record."""
+
+    async def get_response_backoff(self, response: Any) -> Any:
+        said = response.headers.get(b"X-Slow-Down")
+        if said == b"step":
+            return HOST
+        if said is not None:
+            return {HOST: {"delay": float(said)}}
+        return await super().get_response_backoff(response)
+
+
+@pytest.mark.parametrize(("header", "gap"), [("step", 0.3), ("0.6", 0.6)])
+@pytest_twisted.ensureDeferred
+async def test_a_manager_may_answer_in_the_drafts_shapes(
+    mock_site: MockSite, header: str, gap: float
+) -> None:
+    """A probe: returning the scope id from get_response_backoff failed the request
+    ('str' object has no attribute 'items'). A bare id is a backoff step, a
+    {"delay": s} record a hold, and the page arrives either way."""
+    mock_site.set_behaviour(HOST, fail_first(1, 200, {"X-Slow-Down": header}))
+    settings = {
+        **SLOTKIT,
+        "THROTTLING_MANAGER": DraftShapeManager,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+        "BACKOFF_MIN_DELAY": 0.3,
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 2))
+    result.assert_no_unhandled_errors()
+    assert sorted(r.status for r in result.responses) == [200, 200]
+    first, second = result.dispatch_times(HOST)
+    assert second - first >= gap - EPSILON
+    assert result.stats["throttling/backoff/triggers/200"] == 1

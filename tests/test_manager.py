@@ -27,6 +27,7 @@ from slotkit.manager import (
     scope_kind,
     update_scope_backoff,
 )
+from slotkit.outcomes import as_backoff
 from slotkit.settings import CUSTOM, DOMAIN, IP, SettingsError
 
 HOLD = 30.0
@@ -425,6 +426,63 @@ def test_update_scope_backoff_accumulates_consumed_and_keeps_others():
     assert backoff["other"] == ScopeBackoff(trigger=True)
     backoff = update_scope_backoff(backoff, "other", trigger=False)
     assert backoff["other"].trigger is False
+
+
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        (None, None),
+        ("a", {"a": ScopeBackoff(trigger=True)}),
+        (["a", "b"], {"a": ScopeBackoff(trigger=True), "b": ScopeBackoff(trigger=True)}),
+        ({"a"}, {"a": ScopeBackoff(trigger=True)}),
+        ({"a": None, "b": {}}, {"a": ScopeBackoff(trigger=True), "b": ScopeBackoff(trigger=True)}),
+        ({"a": {"delay": 5.0}}, {"a": ScopeBackoff(trigger=True, delay=5.0)}),
+        ({"cost": {"consumed": -1.5}}, {"cost": ScopeBackoff(consumed=-1.5)}),
+        ({"api": {"quota": 0}}, {"api": ScopeBackoff(remaining=0)}),
+        ({"api": {"remaining": 3, "trigger": True}}, {"api": ScopeBackoff(True, remaining=3)}),
+    ],
+)
+def test_as_backoff_reads_the_drafts_shapes(said, expected):
+    """A manager written against the upstream draft (a scope id, a list of them,
+    dict records) works: each shape becomes slotkit's records."""
+    assert as_backoff(said, "get_response_backoff()") == expected
+
+
+def test_as_backoff_passes_slotkits_own_shape_through():
+    records = {"a": ScopeBackoff(trigger=True)}
+    assert as_backoff(records, "get_response_backoff()") is records
+
+
+@pytest.mark.parametrize(
+    ("said", "error", "match"),
+    [
+        (5, TypeError, "returned 5; expected None, a scope id"),
+        (b"a", TypeError, "returned b'a'"),
+        ({1: None}, TypeError, "scope id must be a str"),
+        (["a", 2], TypeError, "scope id must be a str"),
+        ({"a": 1.0}, TypeError, "record of scope 'a' is 1.0"),
+        ({"a": {"dealy": 1.0}}, TypeError, "unknown key 'dealy' \\(did you mean 'delay'\\?\\)"),
+        ({"a": {"delay": -1.0}}, ValueError, "delay must be a finite number >= 0"),
+    ],
+)
+def test_as_backoff_names_the_method_and_the_accepted_shapes(said, error, match):
+    """A probe: a custom get_response_backoff returning a str failed its request
+    with "'str' object has no attribute 'items'"."""
+    with pytest.raises(error, match="get_response_backoff\\(\\)") as caught:
+        as_backoff(said, "get_response_backoff()")
+    assert caught.match(match)
+
+
+def test_update_scope_backoff_with_a_bare_scope_backs_it_off():
+    """Given only a scope, the scope is added as a trigger (the draft's bare
+    scope); a scope already named is left as it was."""
+    assert update_scope_backoff(None, "x") == {"x": ScopeBackoff(trigger=True)}
+    kept = update_scope_backoff({"x": ScopeBackoff(consumed=1.0)}, "x")
+    assert kept == {"x": ScopeBackoff(consumed=1.0)}
+    assert update_scope_backoff("a", "cost", consumed=2.0) == {
+        "a": ScopeBackoff(trigger=True),
+        "cost": ScopeBackoff(consumed=2.0),
+    }
 
 
 def test_scope_backoff_is_frozen():
