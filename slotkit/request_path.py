@@ -30,6 +30,7 @@ from slotkit.feedback import current_request
 from slotkit.gate import GateClosedError
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
 from slotkit.outcomes import as_backoff, cut_by_cancel
+from slotkit.redirect_wait import note_redirect_wait, redirect_wait
 from slotkit.signaling import send_if_heard
 from slotkit.validation import finite_seconds
 
@@ -128,7 +129,7 @@ class RequestPath:
         arrived = self._clock.seconds()
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
-        delay = _request_delay(request)
+        delay = max(_request_delay(request), redirect_wait(request, arrived))
         try:
             while True:
                 try:
@@ -227,6 +228,9 @@ class RequestPath:
             finally:
                 current_request.reset(token)
             backoff = as_backoff(said, "get_response_backoff()")
+            now = self._clock.seconds()
+            if note_redirect_wait(request, response, now, self.config.redirect_max_delay):
+                self.stats.inc("redirect_waits")
             self.backoff.apply(ticket, backoff, reason=str(response.status))
             return response, self.backoff.is_signal(response, backoff)
         finally:

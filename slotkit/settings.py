@@ -203,6 +203,8 @@ class ThrottlingSettings:
     rampup_target: tuple[int, int] = (1, 1)
     robots_obey: bool = False
     robots_max_delay: float = 60.0
+    #: The longest wait a redirect's Retry-After gets (slotkit.redirect_wait).
+    redirect_max_delay: float = 100.0
     domain_grouping: str = "host"
     #: AutoThrottle settings mapped onto slotkit's (``AUTOTHROTTLE_ENABLED``).
     autothrottle: AutoThrottleMapping | None = None
@@ -263,6 +265,9 @@ class ThrottlingSettings:
             robots_max_delay=_number(
                 "THROTTLING_ROBOTSTXT_MAX_DELAY",
                 settings.get("THROTTLING_ROBOTSTXT_MAX_DELAY", 60.0),
+            ),
+            redirect_max_delay=_number(
+                "REDIRECT_MAX_DELAY", settings.get("REDIRECT_MAX_DELAY", 100.0)
             ),
             window=positive("THROTTLING_WINDOW", settings.get("THROTTLING_WINDOW", 60.0)),
             rampup_target=parse_target(

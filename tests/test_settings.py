@@ -294,6 +294,7 @@ def test_manager_classes_are_loaded():
         ({"THROTTLING_SCOPE_LIMIT": -1}, "THROTTLING_SCOPE_LIMIT must be an integer >= 0"),
         ({"THROTTLING_SCOPE_MAX_IDLE": -1}, "THROTTLING_SCOPE_MAX_IDLE must be a number >= 0"),
         ({"DELAYED_REQUESTS_WARN_THRESHOLD": "many"}, "DELAYED_REQUESTS_WARN_THRESHOLD must be"),
+        ({"REDIRECT_MAX_DELAY": -1}, "REDIRECT_MAX_DELAY must be a number >= 0"),
     ],
 )
 def test_global_settings_are_validated(values: dict[str, Any], start: str):
