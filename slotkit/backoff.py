@@ -67,6 +67,9 @@ def _http_codes(where: str, value: object) -> frozenset[int]:
         raise SettingsError(f"{where} must be a list of HTTP status codes (got {_describe(value)})")
     codes = set()
     for code in value:
+        if isinstance(code, str) and code.strip().isdigit():
+            # ["429"]: Scrapy's own RETRY_HTTP_CODES takes digit strings (int() of each).
+            code = int(code)
         if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
             raise SettingsError(
                 f"{where} must contain HTTP status codes from 100 to 599 (got {_describe(code)})"

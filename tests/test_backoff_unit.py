@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from scrapy.settings import Settings
@@ -268,10 +269,12 @@ def test_a_refused_value_is_told_the_range_really_accepted(
         # An acceptance probe: ``explain`` took a JSON list, the crawl refused it
         # ("got '[429'").
         ("[429, 503]", '["builtins.OSError", "builtins.TimeoutError"]'),
+        # A probe: ["429"] was refused, where RETRY_HTTP_CODES takes digit strings.
+        (["429", " 503"], ["builtins.OSError", "builtins.TimeoutError"]),
     ],
-    ids=["comma-separated", "json"],
+    ids=["comma-separated", "json", "digit-strings"],
 )
-def test_command_line_lists_are_read(codes: str, exceptions: str) -> None:
+def test_command_line_lists_are_read(codes: Any, exceptions: Any) -> None:
     config = ThrottlingSettings.from_settings(
         Settings({"BACKOFF_HTTP_CODES": codes, "BACKOFF_EXCEPTIONS": exceptions})
     )
