@@ -38,8 +38,9 @@ class ScopeBackoff:
 #: (other shapes are read by :func:`as_backoff`).
 Backoff = Mapping[str, ScopeBackoff] | None
 
-#: The keys of a plain-dict record (``"quota"``: the draft's name for ``remaining``).
-RECORD_KEYS = ("trigger", "delay", "consumed", "remaining", "quota")
+#: The keys of a plain-dict record: :class:`ScopeBackoff`'s fields, and ``"quota"``,
+#: the draft's name for ``remaining``.
+RECORD_KEYS = ("trigger", "delay", "consumed", "remaining", "reset", "limit", "quota")
 
 ACCEPTED = (
     "None, a scope id, an iterable of scope ids, or a dict mapping scope ids to "
@@ -56,10 +57,12 @@ def as_backoff(value: Any, where: str) -> Backoff:
     are ``None`` or ``{}`` (the scope backs off) or plain dicts such as
     ``{"delay": 5.0}`` (a hold, which is a trigger), ``{"consumed": 2.0}`` or
     ``{"remaining": 0}`` (quota corrections only, unless ``"trigger"`` says
-    otherwise). Raises :class:`TypeError` or :class:`ValueError` naming
-    *where* for anything else.
+    otherwise). Anything false (``None``, ``False``, ``{}``) says nothing.
+    Raises :class:`TypeError` or :class:`ValueError` naming *where* for
+    anything else.
     """
-    if value is None:
+    if not value:
+        # Also ``status == 429 and {...}`` on a 200, and the default manager's empty answer.
         return None
     if isinstance(value, Mapping):
         if all(type(record) is ScopeBackoff for record in value.values()):
@@ -96,23 +99,47 @@ def _record(entry: Any, scope: str, where: str) -> ScopeBackoff:
             f"{where}: the record of scope {scope!r} has the unknown key {unknown[0]!r}{hint}; "
             f"accepted keys: {', '.join(RECORD_KEYS)}"
         )
-    remaining = entry.get("remaining", entry.get("quota"))
-    figures = {"delay": entry.get("delay"), "consumed": entry.get("consumed")}
+    remaining = entry.get("remaining")
+    if remaining is None:
+        remaining = entry.get("quota")
+    figures = {name: entry.get(name) for name in ("delay", "consumed", "reset", "limit")}
     for name, figure in (*figures.items(), ("remaining", remaining)):
         _check_figure(name, figure, minimum=-math.inf if name == "consumed" else 0.0, where=where)
-    counts_only = figures["consumed"] is not None or remaining is not None
-    trigger = entry.get("trigger", figures["delay"] is not None or not counts_only)
-    return ScopeBackoff(trigger=bool(trigger), remaining=remaining, **figures)
+    trigger = entry.get("trigger")
+    if trigger is None:
+        # A hold is a trigger (as delay_scope is); counts alone only correct the quota.
+        counts_only = figures["consumed"] is not None or remaining is not None
+        trigger = figures["delay"] is not None or not counts_only
+    elif not isinstance(trigger, bool):
+        raise TypeError(
+            f"{where}: the record of scope {scope!r} has trigger={trigger!r}; "
+            "expected True or False"
+        )
+    return ScopeBackoff(trigger=trigger, remaining=remaining, **figures)
+
+
+class _Omitted:
+    """The default of :func:`update_scope_backoff`'s figures: not given at all.
+
+    Given as ``None``, a figure is left as it is; only a call that gives none
+    of them adds a bare scope. Shown as ``None`` in signatures, as it acts.
+    """
+
+    def __repr__(self) -> str:
+        return "None"
+
+
+_OMITTED: Any = _Omitted()
 
 
 def update_scope_backoff(
     backoff: Backoff,
     scope: str,
     *,
-    trigger: bool | None = None,
-    delay: float | None = None,
-    consumed: float | None = None,
-    remaining: float | None = None,
+    trigger: bool | None = _OMITTED,
+    delay: float | None = _OMITTED,
+    consumed: float | None = _OMITTED,
+    remaining: float | None = _OMITTED,
 ) -> dict[str, ScopeBackoff]:
     """Return *backoff* with the record of *scope* updated; the input is not modified.
 
@@ -121,20 +148,27 @@ def update_scope_backoff(
     ``remaining`` that is not a finite number >= 0, a ``consumed`` that is not
     a finite number (negative gives units back).
 
-    *backoff* may have any shape :func:`as_backoff` reads. Given no figure
-    and no ``trigger``, a scope not named yet is added as backing off (the
-    draft's "add the bare scope"); one already named is left as it is.
+    *backoff* may have any shape :func:`as_backoff` reads. Called with no
+    figure and no ``trigger`` at all, a scope not named yet is added as
+    backing off (the draft's "add the bare scope"); one already named is
+    left as it is. A figure given as ``None`` is no figure.
     """
     if not isinstance(scope, str):
         raise TypeError(f"update_scope_backoff() needs a scope id (a str), got {scope!r}")
     where = "update_scope_backoff()"
+    if all(given is _OMITTED for given in (trigger, delay, consumed, remaining)):
+        result = dict(as_backoff(backoff, where) or {})
+        result.setdefault(scope, ScopeBackoff(trigger=True))
+        return result
+    if trigger is _OMITTED:
+        trigger = None
+    delay, consumed, remaining = (
+        None if given is _OMITTED else given for given in (delay, consumed, remaining)
+    )
     _check_figure("delay", delay, minimum=0.0, where=where)
     _check_figure("remaining", remaining, minimum=0.0, where=where)
     _check_figure("consumed", consumed, minimum=-math.inf, where=where)
     result = dict(as_backoff(backoff, where) or {})
-    if trigger is None and delay is None and consumed is None and remaining is None:
-        result.setdefault(scope, ScopeBackoff(trigger=True))
-        return result
     record = result.get(scope, ScopeBackoff())
     changes: dict[str, Any] = {}
     if trigger is not None:

@@ -440,6 +440,16 @@ def test_update_scope_backoff_accumulates_consumed_and_keeps_others():
         ({"cost": {"consumed": -1.5}}, {"cost": ScopeBackoff(consumed=-1.5)}),
         ({"api": {"quota": 0}}, {"api": ScopeBackoff(remaining=0)}),
         ({"api": {"remaining": 3, "trigger": True}}, {"api": ScopeBackoff(True, remaining=3)}),
+        ({"api": {"remaining": None, "quota": 0}}, {"api": ScopeBackoff(remaining=0)}),
+        ({"api": {"trigger": None}}, {"api": ScopeBackoff(trigger=True)}),
+        (
+            {"api": {"remaining": 0, "reset": 2.0, "limit": 10}},
+            {"api": ScopeBackoff(remaining=0, reset=2.0, limit=10)},
+        ),
+        # Anything false says nothing (a review: ``status == 429 and {...}`` lost the page).
+        (False, None),
+        ("", None),
+        ({}, None),
     ],
 )
 def test_as_backoff_reads_the_drafts_shapes(said, expected):
@@ -463,6 +473,7 @@ def test_as_backoff_passes_slotkits_own_shape_through():
         ({"a": 1.0}, TypeError, "record of scope 'a' is 1.0"),
         ({"a": {"dealy": 1.0}}, TypeError, "unknown key 'dealy' \\(did you mean 'delay'\\?\\)"),
         ({"a": {"delay": -1.0}}, ValueError, "delay must be a finite number >= 0"),
+        ({"a": {"trigger": "no"}}, TypeError, "trigger='no'; expected True or False"),
     ],
 )
 def test_as_backoff_names_the_method_and_the_accepted_shapes(said, error, match):
@@ -479,6 +490,8 @@ def test_update_scope_backoff_with_a_bare_scope_backs_it_off():
     assert update_scope_backoff(None, "x") == {"x": ScopeBackoff(trigger=True)}
     kept = update_scope_backoff({"x": ScopeBackoff(consumed=1.0)}, "x")
     assert kept == {"x": ScopeBackoff(consumed=1.0)}
+    # A review: a figure read from a header that was missing (None) backed the scope off.
+    assert update_scope_backoff(None, "x", consumed=None) == {"x": ScopeBackoff()}
     assert update_scope_backoff("a", "cost", consumed=2.0) == {
         "a": ScopeBackoff(trigger=True),
         "cost": ScopeBackoff(consumed=2.0),
