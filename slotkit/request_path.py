@@ -129,7 +129,10 @@ class RequestPath:
         arrived = self._clock.seconds()
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
-        delay = max(_request_delay(request), redirect_wait(request, arrived))
+        redirect = redirect_wait(request, arrived, self.config.redirect_max_delay)
+        if redirect:
+            self.stats.inc("redirect_waits")
+        delay = max(_request_delay(request), redirect)
         try:
             while True:
                 try:
@@ -228,9 +231,9 @@ class RequestPath:
             finally:
                 current_request.reset(token)
             backoff = as_backoff(said, "get_response_backoff()")
-            now = self._clock.seconds()
-            if note_redirect_wait(request, response, now, self.config.redirect_max_delay):
-                self.stats.inc("redirect_waits")
+            note_redirect_wait(
+                request, response, self._clock.seconds(), self.config.redirect_max_delay
+            )
             self.backoff.apply(ticket, backoff, reason=str(response.status))
             return response, self.backoff.is_signal(response, backoff)
         finally:

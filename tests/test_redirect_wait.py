@@ -24,18 +24,35 @@ def answered(status: int, headers: dict[str, str]) -> tuple[Request, Response]:
     return request, Response(request.url, status=status, headers=headers, request=request)
 
 
+def followed(request: Request, url: str = "http://a.example/next") -> Request:
+    """The request Scrapy's RedirectMiddleware builds from *request*."""
+    return request.replace(url=url, meta={**request.meta, "redirect_urls": [request.url]})
+
+
 def test_a_redirect_with_retry_after_notes_when_its_target_may_go() -> None:
     request, response = answered(302, {"Location": "/next", "Retry-After": "3"})
     assert note_redirect_wait(request, response, NOW, CAP) == 3.0
-    follow = request.replace(url="http://a.example/next")  # what RedirectMiddleware does
-    assert redirect_wait(follow, NOW + 1.0) == 2.0
-    assert REDIRECT_WAIT not in follow.meta  # a later copy (a retry) does not wait again
+    follow = followed(request)
+    assert redirect_wait(follow, NOW + 1.0, CAP) == 2.0
+    # Read again (a retry, a JOBDIR pause): the same moment, no second wait.
+    assert redirect_wait(follow, NOW + 3.0, CAP) == 0.0
+
+
+def test_only_the_redirected_request_waits() -> None:
+    """A review: copies made from response.meta (the original request again, a
+    hand-built request) waited too."""
+    request, response = answered(302, {"Location": "/next", "Retry-After": "3"})
+    note_redirect_wait(request, response, NOW, CAP)
+    assert redirect_wait(request.replace(dont_filter=True), NOW, CAP) == 0.0
+    assert redirect_wait(Request("http://b.example", meta=request.meta), NOW, CAP) == 0.0
 
 
 @pytest.mark.parametrize(
     ("status", "headers", "cap"),
     [
         (200, {"Retry-After": "3"}, CAP),  # not a redirect
+        (304, {"Location": "/next", "Retry-After": "3"}, CAP),  # not one RedirectMiddleware follows
+        (302, {"Retry-After": "3"}, CAP),  # nowhere to go
         (302, {"Location": "/next"}, CAP),  # no Retry-After
         (302, {"Location": "/next", "Retry-After": "soon"}, CAP),  # unusable
         (302, {"Location": "/next", "RateLimit-Reset": "3"}, CAP),  # a quota, not this redirect
@@ -50,16 +67,19 @@ def test_no_wait_is_noted_without_a_usable_retry_after_on_a_redirect(
     assert REDIRECT_WAIT not in request.meta
 
 
-def test_the_wait_is_capped_at_redirect_max_delay() -> None:
+def test_the_wait_is_capped_at_redirect_max_delay_when_noted_and_when_read() -> None:
+    """A review: a moment read on another clock (a JOBDIR resumed elsewhere) was not capped."""
     request, response = answered(301, {"Location": "/next", "Retry-After": "3600"})
     assert note_redirect_wait(request, response, NOW, 5.0) == 5.0
-    assert redirect_wait(request, NOW) == 5.0
+    assert redirect_wait(followed(request), NOW, 5.0) == 5.0
+    assert redirect_wait(followed(request), NOW - 86_400.0, 5.0) == 5.0
 
 
-def test_a_wait_that_has_passed_or_is_no_time_is_none() -> None:
-    assert redirect_wait(Request("http://a.example", meta={REDIRECT_WAIT: NOW - 1}), NOW) == 0.0
-    assert redirect_wait(Request("http://a.example", meta={REDIRECT_WAIT: "x"}), NOW) == 0.0
-    assert redirect_wait(Request("http://a.example"), NOW) == 0.0
+@pytest.mark.parametrize("noted", [("http://a.example/go", "x"), "x", ("http://a.example/go",)])
+def test_an_unreadable_note_is_no_wait(noted: Any) -> None:
+    request = Request("http://a.example/next", meta={REDIRECT_WAIT: noted})
+    request.meta["redirect_urls"] = ["http://a.example/go"]
+    assert redirect_wait(request, NOW, CAP) == 0.0
 
 
 @pytest.mark.integration

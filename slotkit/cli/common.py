@@ -31,11 +31,13 @@ class CommandError(Exception):
 
 #: Settings slotkit reads on top of Scrapy's own (for the "did you mean" check of
 #: ``-s``): the ones under its prefixes, from the list the crawl-start check uses
-#: too (a copy here had fallen behind it), and two outside them.
+#: too (a copy here had fallen behind it), and three outside them.
 SLOTKIT_SETTINGS = SETTING_NAMES | {
     # Scrapy 2.19 deprecated it in its defaults; slotkit (and the spec) read it.
     "CONCURRENT_REQUESTS_PER_IP",
     "DELAYED_REQUESTS_WARN_THRESHOLD",
+    # The spec's (a redirect's Retry-After); Scrapy 2.19 does not define it.
+    "REDIRECT_MAX_DELAY",
 }
 
 
