@@ -37,7 +37,7 @@ class _LoopCall:
         self._func, self._args, self._kw = func, args, kw
         self._when = when
         self._done = False
-        self._handle = clock.loop.call_at(when, self._run)
+        self._handle = clock.loop.call_at(clock.loop_time(when), self._run)
 
     def _run(self) -> None:
         self._done = True
@@ -65,7 +65,7 @@ class _LoopCall:
     def _reschedule(self, when: float) -> None:
         self._handle.cancel()
         self._when = when
-        self._handle = self._clock.loop.call_at(when, self._run)
+        self._handle = self._clock.loop.call_at(self._clock.loop_time(when), self._run)
 
     def active(self) -> bool:
         return not self._done
@@ -73,14 +73,27 @@ class _LoopCall:
 
 @implementer(IReactorTime)
 class AsyncioClock:
-    """``IReactorTime`` on an asyncio event loop, for Scrapy's reactorless mode."""
+    """``IReactorTime`` on an asyncio event loop, for Scrapy's reactorless mode.
+
+    Its readings are seconds since the epoch, as a Twisted reactor's are: the
+    loop's monotonic time moved by the epoch once, at creation. Rate-limit
+    headers give HTTP-dates and epoch resets, and a ``JOBDIR`` keeps readings
+    across runs; the loop's own time starts anywhere (at boot, on Linux), and
+    a date compared with it was off by decades.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._live: set[_LoopCall] = set()
+        # Once: the reading stays monotonic when the wall clock is set later.
+        self._epoch_offset = time.time() - loop.time()  # noqa: TID251 - anchors the clock once
 
     def seconds(self) -> float:
-        return self.loop.time()
+        return self.loop.time() + self._epoch_offset
+
+    def loop_time(self, when: float) -> float:
+        """*when*, a reading of this clock, on the loop's own clock (for ``call_at``)."""
+        return when - self._epoch_offset
 
     def callLater(
         self, delay: float, callable: Callable[..., Any], *args: Any, **kw: Any
