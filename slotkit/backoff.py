@@ -67,7 +67,7 @@ def _http_codes(where: str, value: object) -> frozenset[int]:
         raise SettingsError(f"{where} must be a list of HTTP status codes (got {_describe(value)})")
     codes = set()
     for code in value:
-        if isinstance(code, str) and code.strip().isdigit():
+        if isinstance(code, str) and code.strip().isdecimal():
             # ["429"]: Scrapy's own RETRY_HTTP_CODES takes digit strings (int() of each).
             code = int(code)
         if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
@@ -140,7 +140,7 @@ def _from_command_line(value: object) -> object:
             if isinstance(parsed, list):
                 return parsed
     items = [item.strip() for item in value.split(",") if item.strip()]
-    return [int(item) if item.isdigit() else item for item in items]
+    return [int(item) if item.isdecimal() else item for item in items]
 
 
 def read_backoff(settings: BaseSettings) -> BackoffConfig:
