@@ -12,7 +12,8 @@ retry.
 Limits, so that a site that never recovers cannot keep a crawl alive:
 
 * A response is re-sent only where Scrapy's ``RetryMiddleware`` (or a
-  subclass) would have retried it: the middleware is enabled, the status is
+  subclass keeping its ``process_response`` and ``_retry``) would have
+  retried it: the middleware is enabled, the status is
   in its ``RETRY_HTTP_CODES``, the request has no ``dont_retry`` meta and
   its ``retry_times`` is still below ``max_retry_times`` (meta) or
   ``RETRY_TIMES``. So every way a project switches retrying off for a
@@ -80,7 +81,18 @@ class Resender:
         self._downloader_stats: DownloaderStats | None = next(
             (mw for mw in middlewares if isinstance(mw, DownloaderStats)), None
         )
-        self.enabled = enabled and self._retry is not None
+        custom = _custom_retry_rules(type(self._retry)) if self._retry is not None else ()
+        if custom and enabled:
+            # A subclass that decides for itself (never retry a 429, rotate a
+            # proxy first): re-sending behind its back would skip its rules.
+            logger.info(
+                "slotkit: %s.%s overrides RetryMiddleware's %s, so rate-limited "
+                "responses are handed to it, not re-sent (BACKOFF_RESEND)",
+                type(self._retry).__module__,
+                type(self._retry).__qualname__,
+                " and ".join(custom),
+            )
+        self.enabled = enabled and self._retry is not None and not custom
         if enabled and retry_enabled and self._retry is None:
             # A project that replaced RetryMiddleware by a class of its own:
             # slotkit cannot know its rules, so it leaves every response to it.
@@ -155,3 +167,16 @@ class Resender:
         """A response that was not a signal: the scopes are healthy again."""
         for scope in scopes:
             scope.stalled = False
+
+
+#: RetryMiddleware's methods that decide whether and how a response is retried.
+RETRY_DECISIONS = ("process_response", "_retry")
+
+
+def _custom_retry_rules(cls: type) -> tuple[str, ...]:
+    """The deciding methods *cls*, a RetryMiddleware subclass, defines itself."""
+    return tuple(
+        name
+        for name in RETRY_DECISIONS
+        if getattr(cls, name, None) is not getattr(RetryMiddleware, name, None)
+    )

@@ -313,6 +313,33 @@ async def test_a_replaced_retry_middleware_is_said_at_start(mock_site: MockSite)
     assert [r.status for r in result.responses] == [429]
 
 
+class NeverRetry429(RetryMiddleware):
+    """A subclass with rules of its own: 429s are never retried."""
+
+    def process_response(self, request: Any, response: Any, spider: Any = None) -> Any:
+        if response.status == 429:
+            return response
+        return super().process_response(request, response)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_subclass_deciding_for_itself_gets_the_429(mock_site: MockSite) -> None:
+    """A probe: a RetryMiddleware subclass overriding process_response never saw
+    the 429 it meant to hand on; slotkit re-sent it behind its back."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429))
+    settings = {
+        **SLOTKIT,
+        "BACKOFF_MIN_DELAY": 0.05,
+        "DOWNLOADER_MIDDLEWARES": {RETRY_MIDDLEWARE: None, f"{__name__}.NeverRetry429": 550},
+        "HTTPERROR_ALLOW_ALL": True,
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    assert "NeverRetry429 overrides RetryMiddleware's process_response" in result.log_text
+    assert [r.status for r in result.responses] == [429]
+    assert mock_site.recorder.count(HOST) == 1
+    assert result.stats["throttling/backoff/triggers/429"] == 1  # the scope still backs off
+
+
 @pytest_twisted.ensureDeferred
 async def test_resent_attempts_are_in_scrapys_downloader_stats(mock_site: MockSite) -> None:
     """The answered attempt went over the wire: stock stats count it, no retry is counted."""
