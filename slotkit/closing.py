@@ -14,6 +14,8 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from weakref import WeakSet
+
     from scrapy import Request
     from scrapy.crawler import Crawler
     from twisted.internet.interfaces import IReactorTime
@@ -64,6 +66,7 @@ class SpiderClosing:
     _saved: dict[str, dict[str, float]]
     _closing_reason: str | None
     _lookups: AddressLookups | None
+    _resending: WeakSet[Request]
     #: Set as the spider closes: requests cut off at the gate go back to the scheduler.
     _requeue_at_close: bool = False
 
@@ -96,12 +99,22 @@ class SpiderClosing:
             waiting += self._lookups.waiting_requests()
         self._save_states()
         if waiting:
+            answered = sum(1 for request in waiting if request in self._resending)
+            if self._store is not None:
+                fate = "; they go back to the scheduler (JOBDIR)"
+            elif answered:
+                fate = (
+                    f"; {len(waiting) - answered} were not sent, and {answered} answered with "
+                    "a rate-limit signal and waiting to go again are handed on with that answer"
+                )
+            else:
+                fate = "; they were not sent"
             logger.info(
                 "slotkit: the spider closed (%s) while %d request(s) waited for their "
-                "throttling scopes; they were not sent%s",
+                "throttling scopes%s",
                 reason,
                 len(waiting),
-                " and go back to the scheduler (JOBDIR)" if self._store is not None else "",
+                fate,
             )
         self.gate.close(list(self.registry.values()), f"the spider closed ({reason})")
         if self._lookups is not None:

@@ -128,6 +128,8 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         )
         #: Each request's scopes on its last trip, id -> the amount it named (or None).
         self._scope_ids: WeakKeyDictionary[Request, dict[str, float | None]] = WeakKeyDictionary()
+        #: Requests answered with a rate-limit signal, waiting to be sent again.
+        self._resending: WeakSet[Request] = WeakSet()
         #: Requests whose ``get_scopes`` must wait for something (see known_scopes).
         self._scopes_wait: WeakSet[Request] = WeakSet()
         jobdir = job_dir(self.settings)

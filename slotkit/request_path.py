@@ -36,7 +36,7 @@ from slotkit.validation import finite_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from weakref import WeakKeyDictionary
+    from weakref import WeakKeyDictionary, WeakSet
 
     from scrapy import Request
     from scrapy.core.downloader.handlers import DownloadHandlers
@@ -75,6 +75,7 @@ class RequestPath:
     resender: Resender
     _lookups: AddressLookups | None
     _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
+    _resending: WeakSet[Request]
     _default_get_scopes: bool
     _get_scopes: Callable[[Request], Any]
     _requeue_at_close: bool
@@ -129,6 +130,8 @@ class RequestPath:
         arrived = self._clock.seconds()
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
+        #: The rate-limited answer this request waits to replace (None: not sent yet).
+        answered: Response | None = None
         redirect = redirect_wait(request, arrived, self.config.redirect_max_delay)
         if redirect:
             self.stats.inc("redirect_waits")
@@ -142,11 +145,19 @@ class RequestPath:
                 except GateClosedError:
                     # Each request the close cut off ends here once: at the gate,
                     # arriving after (a lookup released), or waiting for a shared store.
-                    self.stats.inc("requests_unsent_at_close")
                     # A copy handed back at close that came straight back was an
                     # engine.download() request (its caller follows a Request
                     # result itself): handed back again it would loop forever.
-                    if not self._requeue_at_close or REQUEUED in request.meta:
+                    requeue = self._requeue_at_close and REQUEUED not in request.meta
+                    if answered is not None and not requeue:
+                        # It went and was answered "later": that answer goes on,
+                        # as it would have without re-sending (Retry and HttpError
+                        # see it), rather than a failure saying it never went.
+                        self.stats.inc("backoff/handed_on_at_close")
+                        return answered
+                    if answered is None:
+                        self.stats.inc("requests_unsent_at_close")
+                    if not requeue:
                         raise
                     # A paused JOBDIR crawl: the engine schedules a Request
                     # result again (as it does a redirect), so the resumed
@@ -162,7 +173,10 @@ class RequestPath:
                     limited_since = self._clock.seconds()
                 if not self.resender.should_resend(request, response, scopes, limited_since):
                     return response
+                answered = response
+                self._resending.add(request)
         finally:
+            self._resending.discard(request)
             send_if_heard(
                 self.signals,
                 signals.request_left_downloader,
