@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotkit")
 
-__all__ = ["CrawlDelays", "apply_crawl_delay", "overrides_robots"]
+__all__ = ["CrawlDelays", "apply_crawl_delay", "overrides_robots", "shortened_delay"]
 
 ROBOTS = "robots.txt"
 #: Settings whose values for a scope win over its robots.txt.
@@ -86,6 +86,23 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
     if faster and not config.ignore_robots_txt:
         warning = f"{', '.join(faster)}. {_advice(origins)}"
     return updated, warning
+
+
+def shortened_delay(config: ScopeConfig, crawl_delay: float) -> float | None:
+    """The longer delay a Crawl-delay replaces in *config*, if it does (``None``: none).
+
+    A Crawl-delay overrides ``DOWNLOAD_DELAY`` (the specification's rule),
+    downwards too: the site allows it. Only a delay configured for the scope
+    itself is kept.
+    """
+    if config.sources.get("delay") in EXPLICIT or config.delay <= crawl_delay:
+        return None
+    return config.delay
+
+
+def _delay_setting(source: str | None) -> str:
+    """The setting a scope's delay came from, by its source ("default": DOWNLOAD_DELAY)."""
+    return "DOWNLOAD_DELAY" if source in (None, "default") else source
 
 
 def overrides_robots(config: ScopeConfig) -> bool:
@@ -154,6 +171,7 @@ class CrawlDelays:
         #: Site (host name) -> Crawl-delay in seconds, already capped.
         self.delays: dict[str, float] = {}
         self._warned: set[str] = set()
+        self._noted: set[str] = set()
         crawler.signals.connect(self._robots_parsed, signal=signals.robots_parsed)
 
     def _robots_parsed(self, robotparser: Any, request: Request) -> None:
@@ -214,6 +232,21 @@ class CrawlDelays:
         self._warned.add(scope_id)
         logger.warning(
             "slotkit: scope %r is more aggressive than its robots.txt: %s.", scope_id, warning
+        )
+
+    def note_shortened(self, scope_id: str, crawl_delay: float, config: ScopeConfig) -> None:
+        """Say, once per scope, that its Crawl-delay replaced a longer crawl-wide delay."""
+        longer = shortened_delay(config, crawl_delay)
+        if longer is None or scope_id in self._noted:
+            return
+        self._noted.add(scope_id)
+        logger.info(
+            "slotkit: scope %r takes its robots.txt Crawl-delay %gs in place of the longer "
+            "%gs from %s; set a delay for it in THROTTLING_SCOPES to keep that",
+            scope_id,
+            crawl_delay,
+            longer,
+            _delay_setting(config.sources.get("delay")),
         )
 
     def update_live(self, scope: Scope, config: ScopeConfig) -> None:

@@ -220,7 +220,9 @@ class ScopeControl:
         if self._default_delay is not None and config.sources.get("delay") == "default":
             config = replace(config, delay=self._default_delay)
         if self.crawl_delays is not None and scope_id in self.crawl_delays.delays:
-            config, warning = apply_crawl_delay(config, self.crawl_delays.delays[scope_id])
+            crawl_delay = self.crawl_delays.delays[scope_id]
+            self.crawl_delays.note_shortened(scope_id, crawl_delay, config)
+            config, warning = apply_crawl_delay(config, crawl_delay)
             if warning:
                 self.crawl_delays.warn_once(scope_id, warning)
         return config

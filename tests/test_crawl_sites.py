@@ -36,6 +36,25 @@ async def test_crawl_delay_paces_one_request_at_a_time(mock_site: MockSite) -> N
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_shorter_crawl_delay_replaces_download_delay_and_says_so(
+    mock_site: MockSite,
+) -> None:
+    """The spec: a Crawl-delay overrides DOWNLOAD_DELAY, downwards too. A probe of a
+    startproject project (DOWNLOAD_DELAY = 1) saw it go faster with no word; an INFO
+    line names both and the way to keep the longer delay."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 0.1\n")
+    settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "DOWNLOAD_DELAY": 0.6}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 3))
+    assert len(result.responses) == 3
+    assert max(result.dispatch_gaps(HOST, path_prefix="/page")) < 0.6
+    assert (
+        "scope '127.0.0.1' takes its robots.txt Crawl-delay 0.1s in place of the longer 0.6s "
+        "from DOWNLOAD_DELAY; set a delay for it in THROTTLING_SCOPES" in result.log_text
+    )
+    assert result.log_text.count("in place of the longer") == 1
+
+
+@pytest_twisted.ensureDeferred
 async def test_crawl_delay_is_a_floor_under_default_jitter(mock_site: MockSite) -> None:
     """With RANDOMIZE_DOWNLOAD_DELAY's ±50 % on, no gap is shorter than the Crawl-delay.
 
