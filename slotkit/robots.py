@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.utils.httpobj import urlparse_cached
 
+from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
 from slotkit.scope_ids import netloc_keys, netloc_of
 from slotkit.settings import CAPPED_SOURCE, UNCAPPED_CONCURRENCY_SOURCE
 
@@ -102,6 +103,8 @@ def shortened_delay(config: ScopeConfig, crawl_delay: float) -> float | None:
 
 def _delay_setting(source: str | None) -> str:
     """The setting a scope's delay came from, by its source ("default": DOWNLOAD_DELAY)."""
+    if source == AUTOTHROTTLE_SOURCE:
+        return "AUTOTHROTTLE_START_DELAY"
     return "DOWNLOAD_DELAY" if source in (None, "default") else source
 
 
@@ -241,8 +244,9 @@ class CrawlDelays:
             return
         self._noted.add(scope_id)
         logger.info(
-            "slotkit: scope %r takes its robots.txt Crawl-delay %gs in place of the longer "
-            "%gs from %s; set a delay for it in THROTTLING_SCOPES to keep that",
+            "slotkit: scope %r waits its robots.txt Crawl-delay %gs between requests, in "
+            "place of the longer %gs from %s (other scopes of its requests keep their "
+            "own); set a delay for it in THROTTLING_SCOPES to keep the longer one",
             scope_id,
             crawl_delay,
             longer,

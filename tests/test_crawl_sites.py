@@ -48,8 +48,8 @@ async def test_a_shorter_crawl_delay_replaces_download_delay_and_says_so(
     assert len(result.responses) == 3
     assert max(result.dispatch_gaps(HOST, path_prefix="/page")) < 0.6
     assert (
-        "scope '127.0.0.1' takes its robots.txt Crawl-delay 0.1s in place of the longer 0.6s "
-        "from DOWNLOAD_DELAY; set a delay for it in THROTTLING_SCOPES" in result.log_text
+        "scope '127.0.0.1' waits its robots.txt Crawl-delay 0.1s between requests, in place "
+        "of the longer 0.6s from DOWNLOAD_DELAY" in result.log_text
     )
     assert result.log_text.count("in place of the longer") == 1
 
