@@ -103,9 +103,14 @@ class SpiderClosing:
             if self._store is not None:
                 fate = "; they go back to the scheduler (JOBDIR)"
             elif answered:
+                unsent = len(waiting) - answered
                 fate = (
-                    f"; {len(waiting) - answered} were not sent, and {answered} answered with "
-                    "a rate-limit signal and waiting to go again are handed on with that answer"
+                    "; "
+                    + (f"{unsent} were not sent, and " if unsent else "")
+                    + (
+                        f"{answered} answered with a rate-limit signal and waiting to go again "
+                        "end with that answer (not retried)"
+                    )
                 )
             else:
                 fate = "; they were not sent"

@@ -151,12 +151,19 @@ class RequestPath:
                     requeue = self._requeue_at_close and REQUEUED not in request.meta
                     if answered is not None and not requeue:
                         # It went and was answered "later": that answer goes on,
-                        # as it would have without re-sending (Retry and HttpError
-                        # see it), rather than a failure saying it never went.
+                        # rather than a failure saying it never went. Not to
+                        # RetryMiddleware (a retry scheduled while the spider
+                        # closes is dropped unheard) but on to HttpError and
+                        # the spider.
+                        request.meta["dont_retry"] = True
                         self.stats.inc("backoff/handed_on_at_close")
                         return answered
                     if answered is None:
                         self.stats.inc("requests_unsent_at_close")
+                    else:
+                        # Requeued: the answer it replaces is counted now (the
+                        # copy is counted as a new request when it is sent).
+                        self.resender.count_answer(request, answered, resent=False)
                     if not requeue:
                         raise
                     # A paused JOBDIR crawl: the engine schedules a Request
@@ -165,6 +172,11 @@ class RequestPath:
                     self.stats.inc("requests_requeued")
                     return requeued(request)
                 delay = 0.0
+                if answered is not None:
+                    # Only now is the answered attempt replaced: counted with
+                    # the attempt that replaces it (handed on at close, the
+                    # middlewares count it once themselves).
+                    self.resender.count_answer(request, answered, resent=True)
                 response, signal = await self._transfer(request, ticket)
                 if not signal:
                     self.resender.recovered(scopes)

@@ -74,25 +74,25 @@ class Resender:
         self._stats = stats
         self.timeout = timeout
         middlewares = list(middlewares)
+        retries = [mw for mw in middlewares if isinstance(mw, RetryMiddleware)]
         #: The crawl's RetryMiddleware (None: retrying is off, so is re-sending).
-        self._retry: RetryMiddleware | None = next(
-            (mw for mw in middlewares if isinstance(mw, RetryMiddleware)), None
-        )
+        self._retry: RetryMiddleware | None = retries[0] if retries else None
         self._downloader_stats: DownloaderStats | None = next(
             (mw for mw in middlewares if isinstance(mw, DownloaderStats)), None
         )
-        custom = _custom_retry_rules(type(self._retry)) if self._retry is not None else ()
-        if custom and enabled:
-            # A subclass that decides for itself (never retry a 429, rotate a
-            # proxy first): re-sending behind its back would skip its rules.
+        # A subclass that decides for itself (never retry a 429, rotate a proxy
+        # first): re-sending behind its back would skip its rules. Any of them
+        # (one added beside the stock middleware sees the responses too).
+        own = [(mw, rules) for mw in retries if (rules := _custom_retry_rules(type(mw)))]
+        if own and enabled:
             logger.info(
                 "slotkit: %s.%s overrides RetryMiddleware's %s, so rate-limited "
                 "responses are handed to it, not re-sent (BACKOFF_RESEND)",
-                type(self._retry).__module__,
-                type(self._retry).__qualname__,
-                " and ".join(custom),
+                type(own[0][0]).__module__,
+                type(own[0][0]).__qualname__,
+                " and ".join(own[0][1]),
             )
-        self.enabled = enabled and self._retry is not None and not custom
+        self.enabled = enabled and self._retry is not None and not own
         if enabled and retry_enabled and self._retry is None:
             # A project that replaced RetryMiddleware by a class of its own:
             # slotkit cannot know its rules, so it leaves every response to it.
@@ -131,7 +131,6 @@ class Resender:
             )
             return False
         self._stats.inc("backoff/resent")
-        self._count_attempt(request, response)
         logger.debug(
             "slotkit: %s answered %d (rate limited); sending it again once %s allow "
             "(BACKOFF_RESEND; not counted as a retry)",
@@ -154,13 +153,17 @@ class Resender:
             max_times = getattr(retry, "max_retry_times", 0)
         return bool(meta.get("retry_times", 0) + 1 <= max_times)
 
-    def _count_attempt(self, request: Request, response: Response) -> None:
-        """Count the answered attempt in Scrapy's own downloader stats."""
+    def count_answer(self, request: Request, response: Response, *, resent: bool) -> None:
+        """Count an answer that never reaches the middlewares in Scrapy's downloader stats.
+
+        *resent*: the attempt replacing it is about to be sent, and is counted too.
+        """
         counter = self._downloader_stats
         if counter is None:
             return
         counter.process_response(request, response)
-        counter.process_request(request)  # the attempt about to be sent
+        if resent:
+            counter.process_request(request)
 
     @staticmethod
     def recovered(scopes: list[Scope]) -> None:

@@ -322,22 +322,31 @@ class NeverRetry429(RetryMiddleware):
         return super().process_response(request, response)
 
 
+@pytest.mark.parametrize("stock", [None, 550], ids=["replacing-stock", "beside-stock"])
 @pytest_twisted.ensureDeferred
-async def test_a_subclass_deciding_for_itself_gets_the_429(mock_site: MockSite) -> None:
+async def test_a_subclass_deciding_for_itself_gets_the_429(
+    mock_site: MockSite, stock: int | None
+) -> None:
     """A probe: a RetryMiddleware subclass overriding process_response never saw
-    the 429 it meant to hand on; slotkit re-sent it behind its back."""
+    the 429 it meant to hand on; slotkit re-sent it behind its back. A review:
+    added beside the stock middleware (nearer the downloader), it was missed."""
     mock_site.set_behaviour(HOST, fail_first(1, 429))
     settings = {
         **SLOTKIT,
         "BACKOFF_MIN_DELAY": 0.05,
-        "DOWNLOADER_MIDDLEWARES": {RETRY_MIDDLEWARE: None, f"{__name__}.NeverRetry429": 550},
+        "DOWNLOADER_MIDDLEWARES": {RETRY_MIDDLEWARE: stock, f"{__name__}.NeverRetry429": 560},
         "HTTPERROR_ALLOW_ALL": True,
     }
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
     assert "NeverRetry429 overrides RetryMiddleware's process_response" in result.log_text
-    assert [r.status for r in result.responses] == [429]
-    assert mock_site.recorder.count(HOST) == 1
+    assert "throttling/backoff/resent" not in result.stats
     assert result.stats["throttling/backoff/triggers/429"] == 1  # the scope still backs off
+    if stock is None:
+        assert [r.status for r in result.responses] == [429]
+        assert mock_site.recorder.count(HOST) == 1
+    else:  # the subclass let the 429 through; the stock middleware retried it, as in Scrapy
+        assert [r.status for r in result.responses] == [200]
+        assert result.stats["retry/count"] == 1
 
 
 @pytest_twisted.ensureDeferred
