@@ -104,13 +104,12 @@ class SpiderClosing:
                 fate = "; they go back to the scheduler (JOBDIR)"
             elif answered:
                 unsent = len(waiting) - answered
-                fate = (
-                    "; "
-                    + (f"{unsent} were not sent, and " if unsent else "")
-                    + (
-                        f"{answered} answered with a rate-limit signal and waiting to go again "
-                        "end with that answer (not retried)"
-                    )
+                were = "was" if unsent == 1 else "were"
+                end = "ends" if answered == 1 else "end"
+                fate = "; " + (f"{unsent} {were} not sent, and " if unsent else "")
+                fate += (
+                    f"{answered} answered with a rate-limit signal and waiting to go again "
+                    f"{end} with that answer (not retried)"
                 )
             else:
                 fate = "; they were not sent"

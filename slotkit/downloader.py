@@ -37,7 +37,7 @@ from slotkit.manager import (
 from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import ScopeRegistry
-from slotkit.request_path import RequestPath
+from slotkit.request_path import ABSENT, RequestPath
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue
@@ -130,6 +130,8 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self._scope_ids: WeakKeyDictionary[Request, dict[str, float | None]] = WeakKeyDictionary()
         #: Requests answered with a rate-limit signal, waiting to be sent again.
         self._resending: WeakSet[Request] = WeakSet()
+        #: Requests handed on at close with ``dont_retry`` set: their own value.
+        self._lent_dont_retry: WeakKeyDictionary[Request, object] = WeakKeyDictionary()
         #: Requests whose ``get_scopes`` must wait for something (see known_scopes).
         self._scopes_wait: WeakSet[Request] = WeakSet()
         jobdir = job_dir(self.settings)
@@ -178,6 +180,14 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
 
         def _left(result: Any) -> Any:
             self.active.discard(request)
+            lent = self._lent_dont_retry.pop(request, None)
+            if lent is not None:
+                # Set for the middlewares at close (RequestPath._download): the
+                # spider's request, maybe yielded again, keeps its own value.
+                if lent is ABSENT:
+                    request.meta.pop("dont_retry", None)
+                else:
+                    request.meta["dont_retry"] = lent
             return result
 
         return dfd.addBoth(_left)

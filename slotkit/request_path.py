@@ -55,7 +55,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotkit")
 
-__all__ = ["RequestPath"]
+__all__ = ["ABSENT", "RequestPath"]
+
+#: A meta key that was not there (see ``Downloader.fetch``, which puts it back).
+ABSENT = object()
 
 
 class RequestPath:
@@ -76,6 +79,7 @@ class RequestPath:
     _lookups: AddressLookups | None
     _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
     _resending: WeakSet[Request]
+    _lent_dont_retry: WeakKeyDictionary[Request, object]
     _default_get_scopes: bool
     _get_scopes: Callable[[Request], Any]
     _requeue_at_close: bool
@@ -130,8 +134,10 @@ class RequestPath:
         arrived = self._clock.seconds()
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
-        #: The rate-limited answer this request waits to replace (None: not sent yet).
+        #: The rate-limited answer this request waits to replace (None: not sent yet),
+        #: and the same while Scrapy's downloader stats have not counted it.
         answered: Response | None = None
+        uncounted: Response | None = None
         redirect = redirect_wait(request, arrived, self.config.redirect_max_delay)
         if redirect:
             self.stats.inc("redirect_waits")
@@ -154,16 +160,14 @@ class RequestPath:
                         # rather than a failure saying it never went. Not to
                         # RetryMiddleware (a retry scheduled while the spider
                         # closes is dropped unheard) but on to HttpError and
-                        # the spider.
+                        # the spider; fetch() gives the flag back after that.
+                        self._lent_dont_retry[request] = request.meta.get("dont_retry", ABSENT)
                         request.meta["dont_retry"] = True
                         self.stats.inc("backoff/handed_on_at_close")
+                        uncounted = None  # the middlewares count it on its way out
                         return answered
                     if answered is None:
                         self.stats.inc("requests_unsent_at_close")
-                    else:
-                        # Requeued: the answer it replaces is counted now (the
-                        # copy is counted as a new request when it is sent).
-                        self.resender.count_answer(request, answered, resent=False)
                     if not requeue:
                         raise
                     # A paused JOBDIR crawl: the engine schedules a Request
@@ -172,11 +176,12 @@ class RequestPath:
                     self.stats.inc("requests_requeued")
                     return requeued(request)
                 delay = 0.0
-                if answered is not None:
+                if uncounted is not None:
                     # Only now is the answered attempt replaced: counted with
                     # the attempt that replaces it (handed on at close, the
                     # middlewares count it once themselves).
-                    self.resender.count_answer(request, answered, resent=True)
+                    self.resender.count_answer(request, uncounted, resent=True)
+                    uncounted = None
                 response, signal = await self._transfer(request, ticket)
                 if not signal:
                     self.resender.recovered(scopes)
@@ -185,10 +190,14 @@ class RequestPath:
                     limited_since = self._clock.seconds()
                 if not self.resender.should_resend(request, response, scopes, limited_since):
                     return response
-                answered = response
+                answered = uncounted = response
                 self._resending.add(request)
         finally:
             self._resending.discard(request)
+            if uncounted is not None:
+                # It went and was answered, and no re-send replaced it (requeued
+                # at a pause, the wait cancelled): Scrapy's stats still count it.
+                self.resender.count_answer(request, uncounted, resent=False)
             send_if_heard(
                 self.signals,
                 signals.request_left_downloader,

@@ -470,7 +470,8 @@ def assert_closed_promptly(result: CrawlResult, ledger: Ledger, watch: CloseWatc
     assert result.stats["throttling/requests_unsent_at_close"] == len(waiting)
     answered = result.stats.get("throttling/backoff/handed_on_at_close", 0)
     if answered:
-        assert f"{len(waiting)} were not sent, and {answered} answered with" in result.log_text
+        were = "was" if len(waiting) == 1 else "were"
+        assert f"{len(waiting)} {were} not sent, and {answered} answered with" in result.log_text
     else:
         assert "waited for their throttling scopes; they were not sent" in result.log_text
 
@@ -504,6 +505,38 @@ async def test_close_during_backoff(mock_site: MockSite, signal: str) -> None:
         # The 429 went over the wire once and is counted once (a review: twice).
         assert result.stats["downloader/response_status_count/429"] == 1
         assert result.stats["downloader/request_count"] == 4
+
+
+class FlagSpider(ListSpider):
+    """Notes the ``dont_retry`` meta each errback's request carries."""
+
+    seen: list[Any]
+
+    def on_error(self, failure: Failure) -> None:
+        request = getattr(failure, "request", None)
+        self.seen = [*getattr(self, "seen", []), None if request is None else request.meta]
+        super().on_error(failure)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_dont_retry_lent_at_close_is_given_back(mock_site: MockSite) -> None:
+    """A review: the dont_retry set so that the 429 handed on at close reaches the
+    spider stayed on the spider's request (re-yielded, it would never be retried)."""
+    mock_site.set_behaviour(HOST, fail_first(1, 429, {"Retry-After": str(int(HOLD))}))
+    spiders: list[FlagSpider] = []
+    result = await run_crawl(
+        FlagSpider,
+        {**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 1, "CLOSESPIDER_TIMEOUT": CLOSE_AFTER},
+        urls=[mock_site.url(HOST, "/page/0")],
+        on_crawler=lambda crawler: crawler.signals.connect(
+            lambda spider: spiders.append(spider), signals.spider_opened, weak=False
+        ),
+        crawl_timeout=HOLD * 2,
+    )
+    assert result.stats["throttling/backoff/handed_on_at_close"] == 1
+    assert [e.status for e in result.errors] == [429]
+    (meta,) = spiders[0].seen
+    assert "dont_retry" not in meta
 
 
 @pytest_twisted.ensureDeferred
