@@ -82,11 +82,15 @@ class AsyncioClock:
     a date compared with it was off by decades.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        wall: Callable[[], float] = time.time,  # noqa: TID251 - read once, to anchor; never waits
+    ) -> None:
         self.loop = loop
         self._live: set[_LoopCall] = set()
         # Once: the reading stays monotonic when the wall clock is set later.
-        self._epoch_offset = time.time() - loop.time()  # noqa: TID251 - anchors the clock once
+        self._epoch_offset = wall() - loop.time()
 
     def seconds(self) -> float:
         return self.loop.time() + self._epoch_offset
