@@ -156,10 +156,7 @@ def update_scope_backoff(
     if not isinstance(scope, str):
         raise TypeError(f"update_scope_backoff() needs a scope id (a str), got {scope!r}")
     where = "update_scope_backoff()"
-    if all(given is _OMITTED for given in (trigger, delay, consumed, remaining)):
-        result = dict(as_backoff(backoff, where) or {})
-        result.setdefault(scope, ScopeBackoff(trigger=True))
-        return result
+    bare = all(given is _OMITTED for given in (trigger, delay, consumed, remaining))
     if trigger is _OMITTED:
         trigger = None
     delay, consumed, remaining = (
@@ -169,6 +166,9 @@ def update_scope_backoff(
     _check_figure("remaining", remaining, minimum=0.0, where=where)
     _check_figure("consumed", consumed, minimum=-math.inf, where=where)
     result = dict(as_backoff(backoff, where) or {})
+    if bare:
+        result.setdefault(scope, ScopeBackoff(trigger=True))
+        return result
     record = result.get(scope, ScopeBackoff())
     changes: dict[str, Any] = {}
     if trigger is not None:

@@ -83,16 +83,20 @@ class Resender:
         # A subclass that decides for itself (never retry a 429, rotate a proxy
         # first): re-sending behind its back would skip its rules. Any of them
         # (one added beside the stock middleware sees the responses too).
-        own = [(mw, rules) for mw in retries if (rules := _custom_retry_rules(type(mw)))]
-        if own and enabled:
+        own = next(
+            ((type(mw), rules) for mw in retries if (rules := _custom_retry_rules(type(mw)))),
+            None,
+        )
+        if own is not None and enabled:
+            cls, rules = own
             logger.info(
                 "slotkit: %s.%s overrides RetryMiddleware's %s, so rate-limited "
                 "responses are handed to it, not re-sent (BACKOFF_RESEND)",
-                type(own[0][0]).__module__,
-                type(own[0][0]).__qualname__,
-                " and ".join(own[0][1]),
+                cls.__module__,
+                cls.__qualname__,
+                " and ".join(rules),
             )
-        self.enabled = enabled and self._retry is not None and not own
+        self.enabled = enabled and self._retry is not None and own is None
         if enabled and retry_enabled and self._retry is None:
             # A project that replaced RetryMiddleware by a class of its own:
             # slotkit cannot know its rules, so it leaves every response to it.
