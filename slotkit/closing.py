@@ -94,9 +94,7 @@ class SpiderClosing:
             return
         self._closing_reason = reason
         self._requeue_at_close = self._store is not None
-        waiting = [waiter.request for waiter in self.gate.waiting]
-        if self._lookups is not None:
-            waiting += self._lookups.waiting_requests()
+        waiting = self._requests_waiting()
         self._save_states()
         if waiting:
             answered = sum(1 for request in waiting if request in self._resending)
@@ -125,6 +123,13 @@ class SpiderClosing:
             # Only now: on a plain Twisted reactor a released request resumes at
             # once, and must find the gate already closed.
             self._lookups.close()
+
+    def _requests_waiting(self) -> list[Request]:
+        """Every request the close cuts off while it waits for its scopes."""
+        waiting = [waiter.request for waiter in self.gate.waiting]
+        if self._lookups is not None:
+            waiting += self._lookups.waiting_requests()
+        return waiting
 
     def _save_states(self) -> None:
         if self._store is None:

@@ -549,6 +549,23 @@ async def test_close_during_download_delay_wait(mock_site: MockSite) -> None:
     assert_closed_promptly(result, ledger, watch)
 
 
+@pytest_twisted.ensureDeferred
+async def test_close_during_a_shared_wait_counts_the_requests_cut_off(mock_site: MockSite) -> None:
+    """Shared mode: requests waiting for the store's answer are in the close line too."""
+    urls = [mock_site.url(HOST, f"/page/{i}") for i in range(4)]
+    settings = {
+        "DOWNLOAD_DELAY": HOLD,
+        "THROTTLING_REDIS_URL": "local",
+        # The local store lives as long as the reactor: a namespace of its own.
+        "THROTTLING_REDIS_NAMESPACE": "close-during-shared-wait",
+    }
+    result, ledger, watch = await crawl_until_closed(urls, settings)
+    assert mock_site.recorder.count(HOST) == 1
+    assert [r.status for r in result.responses] == [200]
+    assert_closed_promptly(result, ledger, watch)
+    assert "while 3 request(s) waited for their throttling scopes" in result.log_text
+
+
 # ------------------------------------------------------------ malformed rate-limit headers
 
 MALFORMED: dict[str, dict[bytes, bytes]] = {

@@ -90,6 +90,9 @@ class SharedDownloader(Downloader):
         settings = crawler.settings
         url = settings.get("THROTTLING_REDIS_URL")
         self.shared: SharedThrottle | None = None
+        #: Requests the local gate admitted that wait for the store's answer.
+        self._at_store: set[Request] = set()
+        self._cut_at_store: list[Request] = []
         super().__init__(crawler, clock)
         timeout = self.config.redis_timeout
         if backend is None and not url:
@@ -136,9 +139,15 @@ class SharedDownloader(Downloader):
         super()._crawl_delay_found(site, delay)
 
     def _spider_closing(self, reason: str) -> None:
-        if self.shared is not None:
+        if self.shared is not None and self._closing_reason is None:
+            # Ended first (they would otherwise go on to the closed gate), but
+            # still counted in the close line: they were cut off waiting too.
+            self._cut_at_store = list(self._at_store)
             self.shared.stop_waiting(f"the spider closed ({reason})")
         super()._spider_closing(reason)
+
+    def _requests_waiting(self) -> list[Request]:
+        return super()._requests_waiting() + self._cut_at_store
 
     def _mode_changed(self, mode: str) -> None:
         self.stats.inc(f"shared/mode/{mode}")
@@ -158,11 +167,14 @@ class SharedDownloader(Downloader):
         if self.shared is None:
             return ticket
         admitted = self._clock.seconds()
+        self._at_store.add(request)
         try:
             shared_pass = await self.shared.reserve(request, scopes, amounts)
         except BaseException:
             self.gate.release(ticket)
             raise
+        finally:
+            self._at_store.discard(request)
         self._passes[ticket] = shared_pass
         # The reservation may have waited: backoff's "sent before the step?"
         # must see when the request really left.

@@ -104,6 +104,7 @@ class StoreLink:
         self._closed = False
         self._closing: Deferred[None] | None = None
         self._stopping = False
+        self._stop_reason = "the downloader closed"
         #: Counters for stats and the benchmark.
         self.calls = 0
         self.acquires = 0
@@ -134,6 +135,7 @@ class StoreLink:
     def stop_waiting(self, reason: str = "the downloader closed") -> None:
         """Fail every request still waiting for the store or the fallback (spider closing)."""
         self._stopping = True
+        self._stop_reason = reason
         self.sleeps.end_all(None)
         self.local.close(reason)
 

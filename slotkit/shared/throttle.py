@@ -66,20 +66,30 @@ class SharedThrottle(StoreLink):
         ticket = Pass(ids, shared, amounts_of)
         if not shared:
             return ticket
-        if self._stopping:
-            raise GateClosedError("the downloader closed")
-        if self.mode == FALLBACK and await self._reserve_locally(request, ticket):
-            return ticket
-        locks = [self._turns.setdefault(scope_id, DeferredLock()) for scope_id in sorted(set(ids))]
-        taken: list[DeferredLock] = []
         try:
-            for lock in locks:  # always in the same order: no deadlock between requests
-                await maybe_deferred_to_future(lock.acquire())
-                taken.append(lock)
-            return await self._reserve(request, ticket)
-        finally:
-            for lock in reversed(taken):
-                lock.release()
+            if self._stopping:
+                raise GateClosedError("the downloader closed")
+            if self.mode == FALLBACK and await self._reserve_locally(request, ticket):
+                return ticket
+            locks = [self._turns.setdefault(s, DeferredLock()) for s in sorted(set(ids))]
+            taken: list[DeferredLock] = []
+            try:
+                for lock in locks:  # always in the same order: no deadlock between requests
+                    await maybe_deferred_to_future(lock.acquire())
+                    taken.append(lock)
+                return await self._reserve(request, ticket)
+            finally:
+                for lock in reversed(taken):
+                    lock.release()
+        except GateClosedError:
+            if not self._stopping:
+                raise
+            # One message for every way a wait at the store is cut off, naming
+            # why, as the local gate's does (the fallback's gate says its own).
+            raise GateClosedError(
+                f"{self._stop_reason} while {request} waited for its throttling "
+                f"scopes {sorted(set(ids))} at the shared store; it was not sent"
+            ) from None
 
     async def _reserve(self, request: Request, ticket: Pass) -> Pass:
         keys = self._keys(ticket.scope_ids)
