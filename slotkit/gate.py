@@ -24,12 +24,18 @@ How a waiter moves:
 Each scope owns at most one pending ``IDelayedCall``. Deferreds fire only
 after the scope's bookkeeping is consistent, and re-entrant pumps (a
 callback that finishes a download synchronously) are queued, not nested.
+
+A scope manager may be the user's: when one of its methods raises, the
+request it was asked about ends with that error (its Deferred fails, what
+it took is given back) and the gate goes on with the others, so a plugin's
+bug never leaves a request unanswered or a slot taken for good.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,18 +45,17 @@ from scrapy.exceptions import IgnoreRequest
 from twisted.internet.defer import Deferred
 
 from slotkit.quota import quota_head_start
+from slotkit.waiter import Waiter, WaiterKey
 
 if TYPE_CHECKING:
     from scrapy import Request
-    from twisted.internet.interfaces import IDelayedCall, IReactorTime
+    from twisted.internet.interfaces import IReactorTime
 
     from slotkit.registry import Scope
 
 __all__ = ["Gate", "GateClosedError", "Waiter", "WaiterKey"]
 
-#: Sort key of a waiter: ``(-priority, arrival minus quota head start, sequence)``;
-#: smaller goes first.
-WaiterKey = tuple[int, float, int]
+logger = logging.getLogger(__name__)
 
 
 class GateClosedError(IgnoreRequest):
@@ -60,53 +65,6 @@ class GateClosedError(IgnoreRequest):
     the reason), but Scrapy does not log an "Error downloading" line for each
     request a closing spider leaves unsent; the downloader logs one summary.
     """
-
-
-class Waiter:
-    """A request at the gate; once dispatched it is also the ticket to release."""
-
-    __slots__ = (
-        "request",
-        "scopes",
-        "amounts",
-        "key",
-        "deferred",
-        "parked_on",
-        "cancelled",
-        "dispatched",
-        "delay_call",
-        "enqueued_at",
-        "sent_at",
-        "left_at",
-        "released",
-    )
-
-    def __init__(
-        self,
-        request: Request,
-        scopes: Sequence[Scope],
-        amounts: Sequence[float | None],
-        key: WaiterKey,
-    ) -> None:
-        self.request = request
-        self.scopes = scopes
-        self.amounts = amounts
-        self.key = key
-        self.deferred: Deferred[Waiter] | None = None
-        self.parked_on: Scope | None = None
-        self.cancelled = False
-        self.dispatched = False
-        self.delay_call: IDelayedCall | None = None
-        self.enqueued_at = 0.0
-        #: When the request was dispatched (valid once ``dispatched``).
-        self.sent_at = 0.0
-        #: When it left for the network: ``sent_at``, or later when another
-        #: layer made it wait after the gate (the shared store's reservation).
-        self.left_at = 0.0
-        self.released = False
-
-    def __lt__(self, other: Waiter) -> bool:  # heap ties never reach here; keys are unique
-        return self.key < other.key
 
 
 class Gate:
@@ -204,10 +162,14 @@ class Gate:
             return
         now = self._clock.seconds()
         target = waiter.scopes[0]
-        for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
-            if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
-                target = scope
-                break
+        try:
+            for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
+                if scope.live_waiters or scope.manager.can_send(now, amount) > 0:
+                    target = scope
+                    break
+        except Exception as exc:
+            self._fail(waiter, exc)
+            return
         self._park(waiter, target)
         self.poke(target)
 
@@ -234,10 +196,17 @@ class Gate:
         for scope, amount in zip(ticket.scopes, ticket.amounts, strict=True):
             scope.discard_done(request)
             manager = scope.manager
-            ending = getattr(manager, "record_ending", None)
-            if ending is not None:  # slotkit's own managers: which request ended matters
-                ending(ticket.sent_at, amount)
-            manager.record_done(now)
+            try:
+                ending = getattr(manager, "record_ending", None)
+                if ending is not None:  # slotkit's own managers: which request ended matters
+                    ending(ticket.sent_at, amount)
+                manager.record_done(now)
+            except Exception:
+                # The request's outcome is already decided: it stands, and
+                # the other scopes still hear that the request ended.
+                logger.exception(
+                    "slotkit: the scope manager of %r raised on the end of %s", scope.id, request
+                )
         for scope in ticket.scopes:
             if scope.waiters:  # nobody parked here: nothing a poke could admit
                 self.poke(scope)
@@ -273,14 +242,21 @@ class Gate:
             while self._pending:
                 next_scope = self._pending.popleft()
                 self._queued.discard(next_scope.id)
-                for waiter in self._pump(next_scope):
-                    self._fire(waiter)
+                for waiter, error in self._pump(next_scope):
+                    if error is None:
+                        self._fire(waiter)
+                    else:
+                        self._fail(waiter, error)
         finally:
             self._draining = False
 
-    def _pump(self, scope: Scope) -> list[Waiter]:
-        """Dispatch the head waiters of *scope* that may go; return them to fire."""
-        ready: list[Waiter] = []
+    def _pump(self, scope: Scope) -> list[tuple[Waiter, Exception | None]]:
+        """Dispatch the head waiters of *scope* that may go; return them to fire.
+
+        A waiter whose scope manager raised comes back with the error, to fail
+        once the pump is done (as the others fire then).
+        """
+        ready: list[tuple[Waiter, Exception | None]] = []
         heap = scope.waiters
         now = self._clock.seconds()
         while heap:
@@ -289,14 +265,22 @@ class Gate:
                 heapq.heappop(heap)
                 continue
             index = waiter.scopes.index(scope)
-            wait = scope.manager.can_send(now, waiter.amounts[index])
-            if wait > 0:
-                self._arm(scope, wait)
-                break
-            heapq.heappop(heap)
-            scope.live_waiters -= 1
-            waiter.parked_on = None
-            blocker, blocker_wait = self._first_blocker(waiter, now, skip=scope)
+            try:
+                wait = scope.manager.can_send(now, waiter.amounts[index])
+                if wait > 0:
+                    self._arm(scope, wait)
+                    break
+                heapq.heappop(heap)
+                scope.live_waiters -= 1
+                waiter.parked_on = None
+                blocker, blocker_wait = self._first_blocker(waiter, now, skip=scope)
+                if blocker is None:
+                    self._dispatch(waiter, now)
+            except Exception as exc:
+                if not waiter.dispatched:
+                    self._cancel(waiter)  # unparks it too, if the raise came first
+                ready.append((waiter, exc))
+                continue
             if blocker is not None:
                 self._park(waiter, blocker)
                 if blocker_wait > 0:
@@ -304,8 +288,7 @@ class Gate:
                 else:
                     self.poke(blocker)  # free, but an earlier waiter goes first
                 continue
-            self._dispatch(waiter, now)
-            ready.append(waiter)
+            ready.append((waiter, None))
         return ready
 
     def _first_blocker(self, waiter: Waiter, now: float, skip: Scope) -> tuple[Scope | None, float]:
@@ -364,11 +347,35 @@ class Gate:
         waiter.sent_at = waiter.left_at = now
         self.waiting.discard(waiter)
         request = waiter.request
-        for scope, amount in zip(waiter.scopes, waiter.amounts, strict=True):
-            scope.manager.record_sent(now, amount)
+        for told, (scope, amount) in enumerate(zip(waiter.scopes, waiter.amounts, strict=True)):
+            try:
+                scope.manager.record_sent(now, amount)
+            except Exception:
+                self._undo_dispatch(waiter, told)
+                raise
             scope.add_in_flight(request)
         if self._on_dispatch is not None:
             self._on_dispatch(waiter, now)
+
+    def _undo_dispatch(self, waiter: Waiter, told: int) -> None:
+        """``record_sent`` raised on scope number *told*: the request will not go.
+
+        The scopes already told it went hear that it ended; the others forget it.
+        """
+        for scope in waiter.scopes[told:]:
+            scope.discard_request(waiter.request)
+        sent = Waiter(waiter.request, waiter.scopes[:told], waiter.amounts[:told], waiter.key)
+        sent.sent_at = waiter.sent_at
+        waiter.released = True
+        self.release(sent)
+
+    def _fail(self, waiter: Waiter, error: Exception) -> None:
+        """A scope manager raised on *waiter*'s behalf: it ends with that error."""
+        deferred = waiter.deferred
+        if not waiter.dispatched:
+            self._cancel(waiter)
+        if deferred is not None and not deferred.called:
+            deferred.errback(error)
 
     def _fire(self, waiter: Waiter) -> None:
         deferred = waiter.deferred

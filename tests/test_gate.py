@@ -925,3 +925,109 @@ def test_a_subclass_overriding_record_done_is_still_called_and_told_which_reques
     assert done == [2.0]
     assert scope.manager.can_send(2.0, 1.0) == pytest.approx(10.0)
     assert scope.manager.can_send(2.0, 2.0) == math.inf  # the slow one is still in flight
+
+
+# ----------------------------------------------------------------- a scope manager that raises
+
+
+class Faulty(ThrottlingScopeManager):
+    """A user's scope manager with a bug: the named methods raise, once each."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail_once: set[str] = set()
+
+    def _maybe_raise(self, method: str) -> None:
+        if method in self.fail_once:
+            self.fail_once.discard(method)
+            raise RuntimeError(f"bug in {method}")
+
+    def can_send(self, now: float, amount: float | None = None) -> float:
+        self._maybe_raise("can_send")
+        return super().can_send(now, amount)
+
+    def record_sent(self, now: float, amount: float | None = None) -> None:
+        self._maybe_raise("record_sent")
+        super().record_sent(now, amount)
+
+    def record_done(self, now: float) -> None:
+        self._maybe_raise("record_done")
+        super().record_done(now)
+
+
+def faulty_scope(scope_id: str, concurrency: int = 1, delay: float = 0.0) -> Scope:
+    manager = Faulty(concurrency=concurrency, delay=delay)
+    manager.record_sent(-1000.0)
+    manager.record_done(-1000.0)
+    return Scope(scope_id, manager)
+
+
+def test_can_send_raising_on_a_timer_fails_that_request_and_the_next_goes_on():
+    """A waiter whose scope manager raises as its timer pumps it ends with the error."""
+    h = Harness()
+    scope = faulty_scope("api", delay=ONE_DELAY)
+    h.acquire("a", scope)
+    h.acquire("b", scope)
+    h.acquire("c", scope)
+    h.release("a")
+    scope.manager.fail_once.add("can_send")
+    h.clock.advance(ONE_DELAY)  # the timer's pump: no exception escapes it
+    assert h.failures["b"].check(RuntimeError)
+    assert h.names() == ["a", "c"]
+    assert scope.live_waiters == 0
+    assert h.requests["b"] not in scope.requests
+    h.release("c")
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_record_sent_raising_gives_back_what_other_scopes_counted():
+    """The scope told first that the request went hears that it ended: its slot is free."""
+    h = Harness()
+    first, second = faulty_scope("site"), faulty_scope("api")
+    second.manager.fail_once.add("record_sent")
+    h.acquire("a", first, second)
+    assert h.failures["a"].check(RuntimeError)
+    assert first.manager.active == 0
+    assert first.requests == set() == second.requests
+    assert h.gate.waiting == set()
+    h.acquire("b", first, second)
+    assert h.names() == ["b"]
+
+
+def test_record_sent_raising_for_a_parked_waiter_fails_it():
+    """The same when the waiter is dispatched by a pump rather than at once."""
+    h = Harness()
+    first, second = faulty_scope("site"), faulty_scope("api")
+    h.acquire("a", first)
+    h.acquire("b", first, second)
+    second.manager.fail_once.add("record_sent")
+    h.release("a")
+    assert h.failures["b"].check(RuntimeError)
+    assert first.manager.active == 0
+    h.acquire("c", first, second)
+    assert h.names() == ["a", "c"]
+
+
+def test_record_done_raising_still_frees_the_other_scopes(caplog: pytest.LogCaptureFixture):
+    """The request's end reaches every scope; the error is logged with the scope's name."""
+    h = Harness()
+    first, second = faulty_scope("site"), faulty_scope("api")
+    h.acquire("a", first, second)
+    h.acquire("b", second)
+    first.manager.fail_once.add("record_done")
+    h.release("a")
+    assert h.names() == ["a", "b"]
+    assert "the scope manager of 'site' raised on the end of" in caplog.text
+    assert "bug in record_done" in caplog.text
+
+
+def test_can_send_raising_on_entry_fails_the_request_at_once():
+    """A request whose scope manager raises as it queues ends; nothing is left parked."""
+    h = Harness()
+    scope = faulty_scope("api")
+    h.acquire("a", scope)
+    scope.manager.fail_once.add("can_send")
+    h.acquire("b", scope)
+    assert h.failures["b"].check(RuntimeError)
+    assert h.gate.waiting == set()
+    assert scope.live_waiters == 0
