@@ -221,7 +221,17 @@ class RequestPath:
         self.stats.waiting(len(self.gate.waiting))
         if self.config.debug:
             logger.debug("slotkit: %s waits for %s", request, [repr(s) for s in scopes])
-        ticket = await maybe_deferred_to_future(waiting)
+        # The ticket is kept as the gate hands it over: the coroutine resumes a
+        # loop turn later, and a cancel landing in between (a caller's
+        # timeout) would otherwise drop a ticket that holds its scopes' slots.
+        handed: list[Waiter] = []
+        waiting.addCallback(_keep, handed)
+        try:
+            ticket = await maybe_deferred_to_future(waiting)
+        except BaseException:
+            if handed:
+                self.gate.release(handed[0])
+            raise
         self.stats.waited(self._clock.seconds() - entered)
         return ticket
 
@@ -278,6 +288,11 @@ class RequestPath:
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
+
+
+def _keep(ticket: Waiter, into: list[Waiter]) -> Waiter:
+    into.append(ticket)
+    return ticket
 
 
 def _request_delay(request: Request) -> float:

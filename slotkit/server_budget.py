@@ -143,7 +143,9 @@ class ServerBudget:
             since = len(sent) + max(0, active - 1)
         left = remaining - max(0, since)
         until = now + reset
-        self.limit = limit if limit is not None and limit > 0 else self.limit
+        # A limit below one request (X-RateLimit-Limit: 0.5) would open every
+        # new window with less than a request to spend: the site would stop.
+        self.limit = limit if limit is not None and limit >= 1 else self.limit
         self._roll(now)
         if sent_at == self._probe_at and now < self.until:
             # The probe's answer.

@@ -381,6 +381,37 @@ async def test_cancelling_a_waiting_fetch_withdraws_it():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_fetch_cancelled_as_the_gate_admits_it_gives_its_slot_back():
+    """A cancel landing between the gate's admission and the fetch resuming (a
+    caller's timeout expiring in the same reactor pass as the scope's timer)
+    frees the slot it was admitted with: the scope does not stay full."""
+    downloader, clock = make_downloader(
+        {"CONCURRENT_REQUESTS_PER_DOMAIN": 1, "DOWNLOAD_DELAY": ONE_DELAY}
+    )
+    handler = handler_of(downloader)
+    first, victim, after = (Request(f"https://a.example/{name}") for name in ("f", "v", "n"))
+    outcome(downloader.fetch(first))
+    await settle()
+    handler.finish(first.url)
+    await settle()
+    victim_deferred = downloader.fetch(victim)
+    victim_box = outcome(victim_deferred)
+    await settle()
+    clock.advance(ONE_DELAY)  # admitted: the gate hands over its ticket...
+    victim_deferred.cancel()  # ...and the cancel comes before the fetch resumes
+    await settle()
+    assert isinstance(victim_box[0], Failure)
+    outcome(downloader.fetch(after))
+    await settle()
+    clock.advance(ONE_DELAY)
+    await settle()
+    assert handler.started == [first.url, after.url]
+    handler.finish(after.url)
+    await settle()
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_close_fails_a_waiting_fetch_with_gate_closed_error():
     """Closing the downloader fails requests still waiting at the gate with GateClosedError."""
     downloader, clock = make_downloader({"DOWNLOAD_DELAY": ONE_DELAY})
@@ -723,6 +754,31 @@ async def test_a_spent_server_quota_holds_a_scope_without_a_quota_until_its_rese
     pending.callback(Response(second.url, headers=headers, request=second))
     await settle()
     assert downloader.registry.get("b.example").manager.can_send(clock.seconds()) == 0.0
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_limit_below_one_request_never_stops_a_scope():
+    """``X-RateLimit-Limit: 0.5`` would give every new window half a request to
+    spend, so none would ever go: a limit under one is no limit."""
+    downloader, clock = make_downloader()
+    handler = handler_of(downloader)
+    request = Request("https://a.example/1")
+    outcome(downloader.fetch(request))
+    await settle()
+    (_, pending) = handler.pending.pop()
+    headers = {"X-RateLimit-Limit": "0.5", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"}
+    pending.callback(Response(request.url, headers=headers, request=request))
+    await settle()
+    rest = [Request(f"https://a.example/{n}") for n in range(2, 5)]
+    boxes = [outcome(downloader.fetch(r)) for r in rest]
+    for _ in range(10):
+        clock.advance(2.0)
+        await settle()
+        while handler.pending:
+            handler.finish(handler.pending[0][0].url)
+            await settle()
+    assert all(box and not isinstance(box[0], Failure) for box in boxes)
     downloader.close()
 
 
