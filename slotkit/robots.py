@@ -192,7 +192,8 @@ class CrawlDelays:
         except (TypeError, ValueError):
             logger.debug("slotkit: ignoring %s's robots.txt Crawl-delay %r", site, delay)
             return
-        if not math.isfinite(delay) or delay <= 0:
+        # 0 is a valid Crawl-delay: no gap, but still one request at a time.
+        if not math.isfinite(delay) or delay < 0:
             logger.debug("slotkit: ignoring %s's robots.txt Crawl-delay %r", site, delay)
             return
         if delay > self._max_delay:

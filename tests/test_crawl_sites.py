@@ -36,6 +36,17 @@ async def test_crawl_delay_paces_one_request_at_a_time(mock_site: MockSite) -> N
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_crawl_delay_of_zero_still_sends_one_request_at_a_time(mock_site: MockSite) -> None:
+    """``Crawl-delay: 0`` is a valid directive: delay 0 and concurrency 1 (it was ignored)."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 0\n")
+    urls = pages(mock_site, HOST, 4, delay=0.05)
+    settings = {**SLOTKIT, "ROBOTSTXT_OBEY": True, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 4
+    assert mock_site.recorder.max_in_flight[HOST] == 1
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_shorter_crawl_delay_replaces_download_delay_and_says_so(
     mock_site: MockSite,
 ) -> None:
