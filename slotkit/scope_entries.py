@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from scrapy.utils.misc import load_object
 
+from slotkit.backoff import BACKOFF_KEYS
 from slotkit.validation import (
     SettingsError,
     _closest,
@@ -98,6 +100,7 @@ def validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str
     if not isinstance(scope, str) or not scope:
         raise SettingsError(f"{setting} keys must be non-empty scope ids (got {_describe(scope)})")
     where = f"{setting}[{scope!r}]"
+    _warn_siteless_key(setting, scope)
     if not isinstance(entry, Mapping):
         raise SettingsError(
             f"{where} must be a dict of scope options such as "
@@ -111,7 +114,7 @@ def validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str
                 f"(got {_describe(value)}); accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
             )
         if key not in SCOPE_KEYS:
-            raise unknown_key(where, key, SCOPE_KEYS)
+            raise _nested_key(where, key, value) or unknown_key(where, key, SCOPE_KEYS)
         if key == "concurrency":
             result[key] = _integer(f"{where}['concurrency']", value, minimum=1)
         elif key == "min_concurrency":
@@ -140,6 +143,54 @@ def validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str
             f"its concurrency ({result['concurrency']})"
         )
     return result
+
+
+#: A host name, with a port perhaps: what a site's scope id looks like.
+_HOST_LIKE = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:\d+)?")
+_WARNED_KEYS: set[str] = set()
+
+
+def _warn_siteless_key(setting: str, scope: str) -> None:
+    """Say (once) when a key looks meant for a site but no site's scope id can equal it.
+
+    Site scopes are lower-case host names: ``"http://a.test"``, ``"a.test/"``
+    and ``"A.test"`` match no request's site, silently. As written they
+    still serve requests that name them in the ``throttling_scopes`` meta.
+    """
+    if scope in _WARNED_KEYS:
+        return
+    if "://" in scope:
+        site = scope.split("://", 1)[1].split("/", 1)[0].lower()
+    elif scope.endswith("/") and _HOST_LIKE.fullmatch(scope.rstrip("/")):
+        site = scope.rstrip("/").lower()
+    elif scope != scope.lower() and _HOST_LIKE.fullmatch(scope):
+        site = scope.lower()
+    else:
+        return
+    _WARNED_KEYS.add(scope)
+    logger.warning(
+        "slotkit: %s key %r is no site's scope id (a site's is its lower-case host "
+        "name, or host:port: %r); as written it only serves requests that name it in the "
+        "throttling_scopes meta",
+        setting,
+        scope,
+        site,
+    )
+
+
+def _nested_key(where: str, key: object, value: object) -> SettingsError | None:
+    """The error for a backoff or rampup option written at the entry's top level."""
+    homes = [
+        name for name, keys in (("backoff", BACKOFF_KEYS), ("rampup", RAMPUP_KEYS)) if key in keys
+    ]
+    if not homes:
+        return None
+    return SettingsError(
+        f"{where} has an unknown key {key!r}: it is an option of the scope's "
+        f"{' or '.join(repr(home) for home in homes)} dict, as in "
+        f"{where}[{homes[0]!r}] = {{{key!r}: {value!r}}} "
+        f"(accepted keys here: {', '.join(sorted(SCOPE_KEYS))})"
+    )
 
 
 def parse_target(where: str, value: object) -> tuple[int, int]:

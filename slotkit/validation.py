@@ -117,7 +117,14 @@ def parse_jitter(where: str, value: object) -> Jitter:
             raise SettingsError(f"{where} must have low <= high (got {value!r})")
         _warn_below_zero(where, value, low)
         return (low, _at_most(f"{where}[1]", high))
-    magnitude = _at_most(where, _number(where, value))
+    try:
+        magnitude = _number(where, value)
+    except SettingsError:
+        raise SettingsError(
+            f"{where} must be a number >= 0 (the share of the delay it may vary by, "
+            f"either way), a [low, high] pair, or True/False (got {_describe(value)})"
+        ) from None
+    magnitude = _at_most(where, magnitude)
     _warn_below_zero(where, value, -magnitude)
     return (-magnitude, magnitude)
 

@@ -179,6 +179,44 @@ def test_unknown_key_without_close_match_lists_accepted_keys():
     assert ", ".join(sorted(SCOPE_KEYS)) in message
 
 
+@pytest.mark.parametrize(
+    ("key", "homes"),
+    [
+        ("max_delay", "'backoff' dict"),
+        ("http_codes", "'backoff' dict"),
+        ("delay_factor", "'backoff' or 'rampup' dict"),
+        ("backoff_target", "'rampup' dict"),
+    ],
+)
+def test_a_backoff_or_rampup_option_at_the_top_says_where_it_goes(key: str, homes: str):
+    """{'max_delay': 30} at an entry's top level was told "did you mean 'delay'?"."""
+    message = refuse({"THROTTLING_SCOPES": {"a": {key: 3}}})
+    assert f"THROTTLING_SCOPES['a'] has an unknown key {key!r}" in message
+    assert f"an option of the scope's {homes}" in message
+    assert "did you mean" not in message
+
+
+@pytest.mark.parametrize(
+    ("key", "site"),
+    [("A.test", "a.test"), ("http://a.test:8080/x", "a.test:8080"), ("a.test/", "a.test")],
+)
+def test_a_key_no_site_can_match_is_warned_about(
+    key: str, site: str, caplog: pytest.LogCaptureFixture
+):
+    """Keys meant for a site that no site's scope id can equal are named at start."""
+    with caplog.at_level(logging.WARNING, logger="slotkit"):
+        read({"THROTTLING_SCOPES": {key: {"concurrency": 1}}})
+    assert f"key {key!r} is no site's scope id" in caplog.text
+    assert f"{site!r}); as written it only serves requests that name it" in caplog.text
+
+
+@pytest.mark.parametrize("key", ["a.test", "a.test:8080", "API", "api.example.com/search"])
+def test_site_ids_and_custom_names_are_not_warned_about(key: str, caplog: pytest.LogCaptureFixture):
+    with caplog.at_level(logging.WARNING, logger="slotkit"):
+        read({"THROTTLING_SCOPES": {key: {"concurrency": 1}}})
+    assert "no site's scope id" not in caplog.text
+
+
 def test_reserved_keys_are_refused_not_ignored(monkeypatch):
     """A key reserved for a feature not built yet is refused, naming scope, key and value."""
     monkeypatch.setattr("slotkit.scope_entries.RESERVED_SCOPE_KEYS", frozenset({"future"}))
@@ -329,8 +367,13 @@ def test_parse_jitter_forms(value: Any, expected: tuple[float, float]):
         ([0.1, 0.2, 0.3], "[low, high] pair"),
         ([0.3, 0.1], "low <= high"),
         ([-101, 0.1], "X[0] must be a number >= -100"),
-        (-0.5, "X must be a number >= 0"),
+        (
+            -0.5,
+            "X must be a number >= 0 (the share of the delay it may vary by, either way), "
+            "a [low, high] pair",
+        ),
         ("wide", "X must be a number >= 0"),
+        ("wide", "a [low, high] pair, or True/False (got 'wide', a str)"),
     ],
 )
 def test_parse_jitter_rejections(value: Any, fragment: str):
