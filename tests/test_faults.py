@@ -26,7 +26,13 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web import server
 
-from tests.crawl import CrawlResult, ListSpider, run_crawl
+from tests.crawl import (
+    EPOLL_REACTOR,
+    CrawlResult,
+    ListSpider,
+    run_crawl,
+    run_crawl_subprocess_async,
+)
 from tests.server import MockSite, Reply, fail_first
 
 pytestmark = pytest.mark.integration
@@ -564,6 +570,30 @@ async def test_close_during_a_shared_wait_counts_the_requests_cut_off(mock_site:
     assert [r.status for r in result.responses] == [200]
     assert_closed_promptly(result, ledger, watch)
     assert "while 3 request(s) waited for their throttling scopes" in result.log_text
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_during_a_shared_wait_on_a_plain_reactor_puts_them_all_back(
+    tmp_path: Any,
+) -> None:
+    """With JOBDIR on a plain reactor, every request cut off (at the store or behind
+    it at the local gate) goes back to the scheduler and is counted once: a ticket
+    given back by the store used to admit the next waiter at once, which then failed."""
+    urls = [f"http://127.0.0.1:{{port}}/page/{i}" for i in range(6)]
+    settings = {
+        "DOWNLOADER": "slotkit.Downloader",
+        "THROTTLING_REDIS_URL": "local",
+        "THROTTLING_SCOPES": {"127.0.0.1": {"delay": HOLD, "concurrency": 1}},
+        "JOBDIR": str(tmp_path / "job"),
+        "CLOSESPIDER_TIMEOUT": CLOSE_AFTER,
+    }
+    result = await run_crawl_subprocess_async(
+        reactor=EPOLL_REACTOR, settings=settings, spider_kwargs={"urls": urls}
+    )
+    assert len(result["responses"]) == 1
+    assert result["errors"] == []
+    assert result["stats"]["throttling/requests_requeued"] == 5
+    assert "while 5 request(s) waited for their throttling scopes" in "\n".join(result["log"])
 
 
 # ------------------------------------------------------------ malformed rate-limit headers

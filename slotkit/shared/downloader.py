@@ -139,12 +139,18 @@ class SharedDownloader(Downloader):
         super()._crawl_delay_found(site, delay)
 
     def _spider_closing(self, reason: str) -> None:
-        if self.shared is not None and self._closing_reason is None:
-            # Ended first (they would otherwise go on to the closed gate), but
-            # still counted in the close line: they were cut off waiting too.
-            self._cut_at_store = list(self._at_store)
-            self.shared.stop_waiting(f"the spider closed ({reason})")
+        if self.shared is None or self._closing_reason is not None:
+            super()._spider_closing(reason)
+            return
+        # 1. Those waiting at the store count in the close line too.
+        self._cut_at_store = list(self._at_store)
+        # 2. The base decides their fate (JOBDIR: back to the scheduler) and
+        #    closes the local gate, so that a ticket given back in step 3
+        #    admits nobody (on a plain reactor the next waiter would go at
+        #    once, and meet the closed store uncounted).
         super()._spider_closing(reason)
+        # 3. Then the waits at the store end.
+        self.shared.stop_waiting(f"the spider closed ({reason})")
 
     def _requests_waiting(self) -> list[Request]:
         return super()._requests_waiting() + self._cut_at_store
