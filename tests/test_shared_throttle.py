@@ -784,6 +784,33 @@ async def test_frozen_store_falls_back_within_a_second():
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_request_cancelled_while_its_reservation_waits_gives_the_lease_back():
+    """A fetch cancelled after the store reserved its place (the lease taken, the
+    worker sleeping until its time) gives the lease back: it kept the scope's only
+    slot from every worker until the lease expired (60 s here)."""
+    cluster = Cluster(2)
+    a, b = cluster.workers
+    first = cluster.fetch(a, "http://c/1", [a.scope("c", concurrency=1, delay=1.0)])
+    while not first.done():
+        cluster.advance(0.1)
+        await settle(20)
+    a.throttle.release(first.result())
+    await settle()
+    second = cluster.fetch(a, "http://c/2", [a.scope("c")])
+    await settle()
+    assert not second.done()  # reserved for one delay on: sleeping with its lease
+    second.cancel()
+    await settle()
+    third = cluster.fetch(b, "http://c/3", [b.scope("c", concurrency=1, delay=1.0)])
+    for _ in range(50):
+        cluster.advance(0.1)
+        await settle(20)
+    assert third.done()
+    b.throttle.release(third.result())
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_close_fails_waiting_requests_and_cancels_timers():
     """Closing the throttle fails what waits for the store and leaves no timer behind."""
     cluster = Cluster(1)

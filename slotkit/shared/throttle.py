@@ -31,11 +31,12 @@ resumes.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from scrapy.utils.defer import maybe_deferred_to_future
-from twisted.internet.defer import DeferredLock
+from twisted.internet.defer import CancelledError, DeferredLock
 
 from slotkit.gate import GateClosedError
 from slotkit.registry import Scope
@@ -46,6 +47,9 @@ from slotkit.shared.twin import fmt
 
 if TYPE_CHECKING:
     from scrapy import Request
+
+#: What a request's caller giving up raises into it, on either kind of reactor.
+_CANCELLED = (asyncio.CancelledError, CancelledError)
 
 __all__ = ["FALLBACK", "SHARED", "Pass", "SharedThrottle", "ThrottleOptions"]
 
@@ -112,6 +116,10 @@ class SharedThrottle(StoreLink):
             seen = self.event_count
             try:
                 reply = await self._ask(keys, args, ticket.scope_ids)
+            except _CANCELLED:
+                # Its caller gave up: the script may have run, and taken a lease.
+                self._give_back(ticket, lease, now=True)
+                raise
             except Exception:
                 # The script may still have run (a frozen store that thawed):
                 # give that lease back once the store answers again.
@@ -133,9 +141,14 @@ class SharedThrottle(StoreLink):
                     due = now + wait + o.hold_guard
                     # A hold, or a backoff step, published meanwhile: the
                     # reserved time no longer holds.
-                    outcome = await maybe_deferred_to_future(
-                        self.sleeps.sleep(due - now, ticket.scope_ids, ("hold", "step")).deferred
-                    )
+                    sleep = self.sleeps.sleep(due - now, ticket.scope_ids, ("hold", "step"))
+                    try:
+                        outcome = await maybe_deferred_to_future(sleep.deferred)
+                    except BaseException:
+                        # Cancelled, or the crawl closing: the lease it holds
+                        # would keep a slot from every worker until it expired.
+                        self._give_back(ticket, lease, now=True)
+                        raise
                     lateness = self.clock.seconds() - due
                     allowed = max(o.late_min, o.late_fraction * min(intervals, default=0.0))
                     if lateness > o.late_min:
