@@ -151,27 +151,28 @@ _WARNED_KEYS: set[str] = set()
 
 
 def _warn_siteless_key(setting: str, scope: str) -> None:
-    """Say (once) when a key looks meant for a site but no site's scope id can equal it.
+    """Say (once) when a key looks meant for a site but no site's scope id equals it.
 
-    Site scopes are lower-case host names: ``"http://a.test"``, ``"a.test/"``
-    and ``"A.test"`` match no request's site, silently. As written they
-    still serve requests that name them in the ``throttling_scopes`` meta.
+    A site's scope id is its lower-case host name (``host:port`` keys match
+    whatever their case): ``"http://a.test"`` and ``"A.test"`` match no
+    request's site, silently. They still serve requests that name them
+    (``throttling_scopes`` meta, ``download_slot``, a custom manager), so
+    this is a warning, and a path (``"api.example.com/"``, the spec's
+    endpoint recipe) is taken as such a name.
     """
     if scope in _WARNED_KEYS:
         return
     if "://" in scope:
         site = scope.split("://", 1)[1].split("/", 1)[0].lower()
-    elif scope.endswith("/") and _HOST_LIKE.fullmatch(scope.rstrip("/")):
-        site = scope.rstrip("/").lower()
-    elif scope != scope.lower() and _HOST_LIKE.fullmatch(scope):
+    elif scope != scope.lower() and _HOST_LIKE.fullmatch(scope) and ":" not in scope:
         site = scope.lower()
     else:
         return
     _WARNED_KEYS.add(scope)
     logger.warning(
         "slotkit: %s key %r is no site's scope id (a site's is its lower-case host "
-        "name, or host:port: %r); as written it only serves requests that name it in the "
-        "throttling_scopes meta",
+        "name, or host:port: %r); as written it only serves requests that name it "
+        "(throttling_scopes meta, download_slot or a custom manager)",
         setting,
         scope,
         site,
