@@ -348,6 +348,43 @@ def test_async_manager_waiting_for_io_falls_back_to_the_defaults(capsys, setting
     assert "waits for I/O" in data["manager_note"]
 
 
+def test_async_manager_awaiting_asyncio_io_is_explained(capsys, settings_module):
+    """The spec's per-IP recipe awaits run_in_thread (a DNS lookup): explain runs it
+    on an asyncio loop, as a crawl would (it failed: no reactor installed)."""
+    name = settings_module(
+        """
+        from scrapy.utils.asyncio import run_in_thread
+        from slotkit import ThrottlingManager
+
+        class ThreadManager(ThrottlingManager):
+            async def get_scopes(self, request):
+                host = await run_in_thread(str.lower, "EXAMPLE.COM")
+                return {host, "10.0.0.1"}
+
+        THROTTLING_MANAGER = ThreadManager
+        """
+    )
+    data = explain_json(capsys, "https://example.com/", "--settings-module", name)
+    assert sorted(scope["id"] for scope in data["scopes"]) == ["10.0.0.1", "example.com"]
+    assert data["manager_note"] is None
+
+
+def test_a_manager_with_only_get_request_scopes_is_explained(capsys, settings_module):
+    """The spec's "alternative domain throttling" managers define get_request_scopes
+    alone; crawls take them, and explain crashed on the missing get_scopes."""
+    name = settings_module(
+        """
+        class MyThrottlingManager:
+            def get_request_scopes(self, request):
+                return {"toscrape.com"}
+
+        THROTTLING_MANAGER = MyThrottlingManager
+        """
+    )
+    data = explain_json(capsys, "http://books.toscrape.com/", "--settings-module", name)
+    assert [scope["id"] for scope in data["scopes"]] == ["toscrape.com"]
+
+
 def test_meta_selects_scopes(capsys):
     """--meta gives the request meta the default manager reads (throttling_scopes)."""
     data = explain_json(

@@ -3,8 +3,10 @@ manager a crawl would build, and the crawl-wide values."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.httpobj import urlparse_cached
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
 
 #: How explain names a --meta throttling_scopes in its errors.
 META_WHERE = "the throttling_scopes meta (--meta)"
+#: Seconds an async get_scopes may take here (a DNS lookup, say) before the
+#: default scopes are shown instead.
+RUN_LIMIT = 10.0
 
 
 def _run_now(value: Any, where: str) -> tuple[Any, str | None]:
@@ -47,12 +52,7 @@ def _run_now(value: Any, where: str) -> tuple[Any, str | None]:
             result.raiseException()
         return result, None
     if inspect.iscoroutine(value):
-        try:
-            value.send(None)
-        except StopIteration as stop:
-            return stop.value, None
-        value.close()
-        return None, f"{where} is async and waits for I/O"
+        return _run_coroutine(value, where)
     if inspect.isawaitable(value):
         steps = value.__await__()
         try:
@@ -61,6 +61,30 @@ def _run_now(value: Any, where: str) -> tuple[Any, str | None]:
             return stop.value, None
         return None, f"{where} returned an awaitable that needs an event loop"
     return value, None
+
+
+def _run_coroutine(coroutine: Any, where: str) -> tuple[Any, str | None]:
+    """Run an async ``get_scopes`` on an asyncio loop of its own, briefly.
+
+    What it awaits through asyncio works as in a crawl (the spec's per-IP
+    recipe resolves its host with ``run_in_thread``); a pending Twisted
+    Deferred needs the crawl's reactor, which this command does not run.
+    The loop runs on a thread of its own: the caller's thread may already
+    run one (explain called from a running program).
+    """
+
+    def run() -> Any:
+        return asyncio.run(asyncio.wait_for(coroutine, RUN_LIMIT))
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="slotkit-explain") as pool:
+        try:
+            return pool.submit(run).result(), None
+        except asyncio.TimeoutError:
+            return None, f"{where} did not finish within {RUN_LIMIT:g}s"
+        except RuntimeError as exc:
+            if "bad yield" not in str(exc):
+                raise
+            return None, f"{where} is async and waits for I/O on the crawl's Twisted reactor"
 
 
 def _build_crawler(settings: Settings) -> Any:
@@ -132,8 +156,9 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
     if why_not is not None:
         manager_note = f"{why_not}; showing the default scopes (ThrottlingManager) instead"
         raw = ThrottlingManager(crawler).get_scopes(request)
+    own_get_scopes = getattr(type(getattr(manager, "inner", manager)), "get_scopes", None)
     if (
-        type(getattr(manager, "inner", manager)).get_scopes is ThrottlingManager.get_scopes
+        own_get_scopes is ThrottlingManager.get_scopes
         and request.meta.get("throttling_scopes") is not None
     ):
         where = META_WHERE  # the default manager passes it on
