@@ -141,7 +141,7 @@ class RequestPath:
         redirect = redirect_wait(request, arrived, self.config.redirect_max_delay)
         if redirect:
             self.stats.inc("redirect_waits")
-        delay = max(_request_delay(request), redirect)
+        delay = max(_request_delay(request, self._clock.seconds()), redirect)
         try:
             while True:
                 try:
@@ -295,19 +295,36 @@ def _keep(ticket: Waiter, into: list[Waiter]) -> Waiter:
     return ticket
 
 
-def _request_delay(request: Request) -> float:
-    """The ``throttling_delay`` meta of *request*, applied once per request."""
+#: Request meta: when its ``throttling_delay`` ends, on the crawl's clock.
+DELAY_UNTIL = "_slotkit_delay_until"
+
+
+def _request_delay(request: Request, now: float) -> float:
+    """What is left of the ``throttling_delay`` meta of *request*.
+
+    The delay starts the first time the request reaches the gate, and its
+    end is kept in the meta: a redirect or retry copy finds it passed, and a
+    request handed back at a JOBDIR pause waits out the rest when the crawl
+    resumes (the crawl's clock reads epoch seconds).
+    """
     meta = request.meta
     value = meta.get("throttling_delay")
-    if not value or meta.get("_slotkit_delayed"):
+    if not value or meta.get("_slotkit_delayed"):  # (a job saved by 0.1.0 before this key)
         return 0.0
-    meta["_slotkit_delayed"] = True
     # An infinite delay would keep the crawl open forever. Text is refused
     # even when it reads as a number, as delay_scope() refuses it: "1" in a
     # meta dict is more likely a bug upstream than a choice.
     text = isinstance(value, (str, bytes))
     seconds = None if text else finite_seconds(value)
+    until = meta.get(DELAY_UNTIL)
+    if until is not None:
+        end = finite_seconds(until)
+        if end is None or seconds is None:
+            return 0.0
+        # Never more than the delay itself (a clock that is not the saving crawl's).
+        return max(0.0, min(end - now, seconds))
     if seconds is None:
+        meta[DELAY_UNTIL] = now
         logger.warning(
             "Ignoring throttling_delay=%r of %s: expected a finite number of seconds >= 0%s",
             value,
@@ -315,4 +332,5 @@ def _request_delay(request: Request) -> float:
             ", not text" if text else "",
         )
         return 0.0
+    meta[DELAY_UNTIL] = now + seconds
     return seconds
