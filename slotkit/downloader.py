@@ -37,7 +37,7 @@ from slotkit.manager import (
 from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import ScopeRegistry
-from slotkit.request_path import ABSENT, RequestPath
+from slotkit.request_path import ABSENT, RequestPath, request_delay_left
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue
@@ -242,6 +242,16 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
             if found is not None and found[0] in scopes:
                 return found[0]
         return next(iter(scopes)) if scopes else self.get_slot_key(request)
+
+    def delay_left(self, request: Request) -> float:
+        """Seconds left of *request*'s ``throttling_delay`` (0.0: none, or over).
+
+        The delay starts the first time it is asked about: here, when
+        slotkit's priority queue takes the request in (it keeps the request
+        queued meanwhile, so that it holds no ``CONCURRENT_REQUESTS`` place),
+        or at the gate when another queue hands it over.
+        """
+        return request_delay_left(request, self._clock.seconds())
 
     def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, SlotView]:
         key = self.get_slot_key(request)

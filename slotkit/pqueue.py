@@ -61,6 +61,8 @@ from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
 from slotkit.pqueue_quota import QuotaShares
 from slotkit.pqueue_readiness import Readiness, readiness_of
 from slotkit.pqueue_slot import _SlotQueue
+from slotkit.request_path import DELAY_UNTIL
+from slotkit.validation import finite_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -71,6 +73,9 @@ if TYPE_CHECKING:
 __all__ = ["Readiness", "ThrottlingAwarePriorityQueue", "readiness_of"]
 
 logger = logging.getLogger("slotkit")
+
+#: What a delayed sub-queue's key adds to its slot's (see ThrottlingAwarePriorityQueue._key).
+DELAYED = " (throttling_delay until "
 
 #: Sort key of a ready slot; smaller goes first (see ``ThrottlingAwarePriorityQueue.rank``).
 Rank = tuple[float, ...]
@@ -172,7 +177,7 @@ class ThrottlingAwarePriorityQueue:
     # Queue protocol
 
     def push(self, request: Request) -> None:
-        slot = self.readiness.slot_of(request)
+        slot = self._key(request)
         queue = self.pqueues.get(slot)
         if queue is None:
             queue = self.pqueues[slot] = self.pqfactory(slot)
@@ -239,6 +244,7 @@ class ThrottlingAwarePriorityQueue:
 
     def busy(self, slot: str) -> int:
         """Requests of *slot* in the downloader (waiting or in flight)."""
+        slot = slot.split(DELAYED, 1)[0]  # a delayed sub-queue counts as its slot
         registry = getattr(self.downloader, "registry", None)
         if registry is not None:
             scope = registry.peek(slot)
@@ -340,16 +346,29 @@ class ThrottlingAwarePriorityQueue:
         their site's scope: at the head of the group's sub-queue, the paced
         site's requests would hold every other site of the group behind them.
         """
-        readiness = self.readiness
         while slot in self.pqueues:
             head = self._head(slot)
-            key = readiness.slot_of(head)
+            key = self._key(head)
             if key == slot:
                 self._keyed[slot] = version
                 return
             request = self._pop_from(slot)
             if request is not None:
                 self.push(request)
+
+    def _key(self, request: Request) -> str:
+        """The sub-queue of *request*: its slot, or, while its ``throttling_delay``
+        runs, a sub-queue of its slot for the requests due in the same second.
+
+        The delayed request stays here rather than wait in the downloader,
+        holding a ``CONCURRENT_REQUESTS`` place, and its slot's other requests
+        go on meanwhile (a delayed head would hold them back).
+        """
+        slot = self.readiness.slot_of(request)
+        if self.readiness.delay_left(request) <= 0:
+            return slot
+        until = finite_seconds(request.meta.get(DELAY_UNTIL))
+        return slot if until is None else f"{slot}{DELAYED}{math.ceil(until)})"
 
     def _take(self, slot: str) -> Request | None:
         request = self._pop_from(slot)

@@ -107,7 +107,14 @@ class Readiness:
         """Seconds until the downloader would send *request* at once (0.0: now)."""
         if not self.knows_readiness:
             return 0.0
-        return max(0.0, float(self.downloader.time_until_ready(request)))
+        return max(0.0, float(self.downloader.time_until_ready(request)), self.delay_left(request))
+
+    def delay_left(self, request: Request) -> float:
+        """Seconds left of *request*'s ``throttling_delay``; asking starts it."""
+        if not request.meta.get("throttling_delay"):
+            return 0.0  # the usual case, without a call
+        left = getattr(self.downloader, "delay_left", None)
+        return float(left(request)) if callable(left) else 0.0
 
     def now(self) -> float:
         clock_now = getattr(self.downloader, "now", None)

@@ -141,7 +141,7 @@ class RequestPath:
         redirect = redirect_wait(request, arrived, self.config.redirect_max_delay)
         if redirect:
             self.stats.inc("redirect_waits")
-        delay = max(_request_delay(request, self._clock.seconds()), redirect)
+        delay = max(request_delay_left(request, self._clock.seconds()), redirect)
         try:
             while True:
                 try:
@@ -299,11 +299,12 @@ def _keep(ticket: Waiter, into: list[Waiter]) -> Waiter:
 DELAY_UNTIL = "_slotkit_delay_until"
 
 
-def _request_delay(request: Request, now: float) -> float:
+def request_delay_left(request: Request, now: float) -> float:
     """What is left of the ``throttling_delay`` meta of *request*.
 
-    The delay starts the first time the request reaches the gate, and its
-    end is kept in the meta: a redirect or retry copy finds it passed, and a
+    The delay starts the first time this is asked (at the gate, or as
+    slotkit's priority queue takes the request in), and its end is kept in
+    the meta: a redirect or retry copy finds it passed, and a
     request handed back at a JOBDIR pause waits out the rest when the crawl
     resumes (the crawl's clock reads epoch seconds).
     """

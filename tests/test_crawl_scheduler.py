@@ -148,6 +148,54 @@ async def test_a_free_host_is_not_blocked_by_a_throttled_one(
 
 
 @pytest_twisted.ensureDeferred
+async def test_requests_with_a_throttling_delay_wait_in_the_queue_not_the_downloader(
+    mock_site: MockSite,
+) -> None:
+    """100 requests held 60 s by their throttling_delay hold no CONCURRENT_REQUESTS
+    place: the free host's pages go (an acceptance probe saw 0 of 100 sent)."""
+    slow = [
+        {"url": url, "meta": {"throttling_delay": ONE_MINUTE}}
+        for url in pages(mock_site, SLOW_HOST, PAGES)
+    ]
+    result = await run_crawl(
+        ListSpider,
+        AWARE,
+        urls=[*slow, *pages(mock_site, FAST_HOST, PAGES)],
+        on_crawler=close_when(PAGES, FAST_HOST, "fast_done"),
+        crawl_timeout=30,
+    )
+    result.assert_no_unhandled_errors()
+    assert result.finish_reason == "fast_done"
+    assert fast_done(result) == PAGES
+    assert mock_site.recorder.count(SLOW_HOST) == 0  # the delay held
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_throttling_delay_counts_from_when_the_request_was_queued(
+    mock_site: MockSite,
+) -> None:
+    """Queued behind a backlog of its site, a request with a 0.5 s throttling_delay goes
+    once the delay is over, not 0.5 s after the backlog let it reach the downloader."""
+    gap = 0.1
+    backlog = pages(mock_site, FAST_HOST, 40)
+    delayed = {"url": mock_site.url(FAST_HOST, "/delayed"), "meta": {"throttling_delay": 0.5}}
+    result = await run_crawl(
+        ListSpider,
+        {**AWARE, "THROTTLING_SCOPES": {FAST_HOST: {"delay": gap}}},
+        urls=[*backlog, delayed],
+        crawl_timeout=30,
+    )
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 41
+    records = [r for r in mock_site.recorder.records if r.host == FAST_HOST]
+    sent = next(r for r in records if r.path == "/delayed")
+    # Not before its delay (queued with the first page), and about 5 gaps into
+    # the 40-gap backlog rather than after it.
+    assert sent.arrived - records[0].arrived >= 0.5 - 0.05
+    assert records.index(sent) < 30, [r.path for r in records]
+
+
+@pytest_twisted.ensureDeferred
 async def test_for_comparison_scrapys_scheduler_is_blocked(mock_site: MockSite) -> None:
     """Same crawl, Scrapy's scheduler in request order: the free host waits behind the slow one."""
     urls = pages(mock_site, SLOW_HOST, PAGES) + pages(mock_site, FAST_HOST, PAGES)
