@@ -61,8 +61,6 @@ from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
 from slotkit.pqueue_quota import QuotaShares
 from slotkit.pqueue_readiness import Readiness, readiness_of
 from slotkit.pqueue_slot import _SlotQueue
-from slotkit.request_path import DELAY_UNTIL
-from slotkit.validation import finite_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -74,8 +72,9 @@ __all__ = ["Readiness", "ThrottlingAwarePriorityQueue", "readiness_of"]
 
 logger = logging.getLogger("slotkit")
 
-#: What a delayed sub-queue's key adds to its slot's (see ThrottlingAwarePriorityQueue._key).
-DELAYED = " (throttling_delay until "
+#: What the key of a slot's delayed sub-queue adds to the slot's (see
+#: ThrottlingAwarePriorityQueue._key).
+DELAYED = " (throttling_delay)"
 
 #: Sort key of a ready slot; smaller goes first (see ``ThrottlingAwarePriorityQueue.rank``).
 Rank = tuple[float, ...]
@@ -244,7 +243,7 @@ class ThrottlingAwarePriorityQueue:
 
     def busy(self, slot: str) -> int:
         """Requests of *slot* in the downloader (waiting or in flight)."""
-        slot = slot.split(DELAYED, 1)[0]  # a delayed sub-queue counts as its slot
+        slot = slot.removesuffix(DELAYED)  # a delayed sub-queue counts as its slot
         registry = getattr(self.downloader, "registry", None)
         if registry is not None:
             scope = registry.peek(slot)
@@ -357,18 +356,18 @@ class ThrottlingAwarePriorityQueue:
                 self.push(request)
 
     def _key(self, request: Request) -> str:
-        """The sub-queue of *request*: its slot, or, while its ``throttling_delay``
-        runs, a sub-queue of its slot for the requests due in the same second.
+        """The sub-queue of *request*: its slot's, or while its ``throttling_delay``
+        runs, its slot's delayed sub-queue.
 
-        The delayed request stays here rather than wait in the downloader,
-        holding a ``CONCURRENT_REQUESTS`` place, and its slot's other requests
-        go on meanwhile (a delayed head would hold them back).
+        The delayed request waits here rather than in the downloader, where it
+        would hold a ``CONCURRENT_REQUESTS`` place, and its slot's other
+        requests go on meanwhile (a delayed head would hold them back). One
+        delayed sub-queue per slot, as many files as Scrapy's own per-slot
+        queues: delayed requests of one slot leave in queue order (one due
+        later can hold back one due sooner behind it, never the reverse).
         """
         slot = self.readiness.slot_of(request)
-        if self.readiness.delay_left(request) <= 0:
-            return slot
-        until = finite_seconds(request.meta.get(DELAY_UNTIL))
-        return slot if until is None else f"{slot}{DELAYED}{math.ceil(until)})"
+        return f"{slot}{DELAYED}" if self.readiness.delay_left(request) > 0 else slot
 
     def _take(self, slot: str) -> Request | None:
         request = self._pop_from(slot)
@@ -396,9 +395,10 @@ class ThrottlingAwarePriorityQueue:
     def departed(self, slot: str) -> None:
         """A request of *slot* left the downloader: a finite wait remembered for it
         may now be too long (``math.inf`` ones are re-asked by generation anyway)."""
-        cached = self._due.get(slot)
-        if cached is not None and not math.isinf(cached[0]):
-            del self._due[slot]
+        for key in (slot, f"{slot}{DELAYED}"):
+            cached = self._due.get(key)
+            if cached is not None and not math.isinf(cached[0]):
+                del self._due[key]
 
     def _forget(self, slot: str) -> None:
         self._heads.pop(slot, None)

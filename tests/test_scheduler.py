@@ -26,7 +26,8 @@ from twisted.internet.task import Clock
 
 from slotkit.downloader import Downloader
 from slotkit.manager import normalize_scopes
-from slotkit.pqueue import ThrottlingAwarePriorityQueue
+from slotkit.pqueue import DELAYED, ThrottlingAwarePriorityQueue
+from slotkit.request_path import request_delay_left
 from slotkit.scheduler import ThrottlingAwareScheduler, check_priority_queue
 from slotkit.scope import OPENING_ALLOWANCE, ThrottlingScopeManager
 from slotkit.validation import SettingsError
@@ -73,6 +74,9 @@ class FakeDownloader:
 
     def now(self) -> float:
         return self.clock.seconds()
+
+    def delay_left(self, request: Request) -> float:
+        return request_delay_left(request, self.clock.seconds())
 
     def busy(self, slot: str, count: int) -> None:
         self.slots[slot] = FakeSlot()
@@ -255,6 +259,44 @@ def test_a_push_forgets_the_cached_answer_of_its_slot() -> None:
     downloader.opens_at["s"] = 0.0
     queue.push(req("s", 2, priority=1))
     assert url_of(queue.pop_ready()) == "http://s/2"
+
+
+def delayed(host: str, n: int, seconds: float) -> Request:
+    return req(host, n, meta={"throttling_delay": seconds})
+
+
+def test_delayed_requests_wait_in_one_sub_queue_of_their_slot() -> None:
+    """A throttling_delay request waits in its slot's delayed sub-queue (one per
+    slot, however many due times: a probe opened a file per due second under
+    JOBDIR and ran out), and the slot's other requests go meanwhile."""
+    queue, _, clock = make_queue()
+    for n, seconds in enumerate((SOON, SOON + 1, SOON + 2, SOON + 3)):
+        queue.push(delayed("s", n, seconds))
+    queue.push(req("s", 9))
+    assert sorted(queue.pqueues) == ["s", f"s{DELAYED}"]
+    assert url_of(queue.pop_ready()) == "http://s/9"
+    assert queue.pop_ready() is None
+    assert queue.next_ready_in() == SOON
+    clock.advance(SOON)
+    assert url_of(queue.pop_ready()) == "http://s/0"
+    assert queue.pop_ready() is None
+    clock.advance(3)
+    assert drain(queue) == ["http://s/1", "http://s/2", "http://s/3"]
+
+
+def test_a_delayed_sub_queue_is_asked_again_when_its_slot_frees() -> None:
+    """A finite "not yet" remembered for a delayed sub-queue ends when a request of
+    its slot leaves the downloader, as the slot's own does (it stalled up to 60 s)."""
+    queue, downloader, clock = make_queue()
+    downloader.opens_at["s"] = ONE_DELAY * 6  # a rampup window's end, say
+    queue.push(delayed("s", 1, SOON))
+    assert queue.pop_ready() is None
+    clock.advance(SOON + 1)
+    downloader.opens_at["s"] = 0.0
+    queue.crawler.signals.send_catch_log(
+        signals.request_left_downloader, request=req("s", 0), spider=None
+    )
+    assert url_of(queue.pop_ready()) == "http://s/1"
 
 
 def test_per_ip_concurrency_is_accepted() -> None:
