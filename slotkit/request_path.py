@@ -28,6 +28,7 @@ from slotkit.awaitables import needs_await, resolved
 from slotkit.closing import REQUEUED, requeued
 from slotkit.feedback import current_request
 from slotkit.gate import GateClosedError
+from slotkit.handover import take
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
 from slotkit.outcomes import as_backoff, cut_by_cancel
 from slotkit.redirect_wait import note_redirect_wait, redirect_wait
@@ -221,17 +222,9 @@ class RequestPath:
         self.stats.waiting(len(self.gate.waiting))
         if self.config.debug:
             logger.debug("slotkit: %s waits for %s", request, [repr(s) for s in scopes])
-        # The ticket is kept as the gate hands it over: the coroutine resumes a
-        # loop turn later, and a cancel landing in between (a caller's
-        # timeout) would otherwise drop a ticket that holds its scopes' slots.
-        handed: list[Waiter] = []
-        waiting.addCallback(_keep, handed)
-        try:
-            ticket = await maybe_deferred_to_future(waiting)
-        except BaseException:
-            if handed:
-                self.gate.release(handed[0])
-            raise
+        # A cancel between the gate's admission and this coroutine resuming
+        # gives the ticket (and its scopes' slots) back.
+        ticket = await take(waiting, self.gate.release)
         self.stats.waited(self._clock.seconds() - entered)
         return ticket
 
@@ -288,11 +281,6 @@ class RequestPath:
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
-
-
-def _keep(ticket: Waiter, into: list[Waiter]) -> Waiter:
-    into.append(ticket)
-    return ticket
 
 
 #: Request meta: when its ``throttling_delay`` ends, on the crawl's clock.

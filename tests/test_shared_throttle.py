@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from typing import Any
 
 import pytest
 import pytest_twisted
 from scrapy import Request
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 
 from slotkit.gate import GateClosedError
 from slotkit.registry import Scope
@@ -807,6 +810,120 @@ async def test_a_request_cancelled_while_its_reservation_waits_gives_the_lease_b
         await settle(20)
     assert third.done()
     b.throttle.release(third.result())
+    cluster.close()
+
+
+def reserve(worker: Worker, url: str, scope: Scope) -> asyncio.Future[Any]:
+    return asyncio.ensure_future(worker.throttle.reserve(Request(url), [scope], [None]))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cancel_as_the_scopes_turn_is_handed_over_gives_the_turn_back():
+    """Requests of a scope take turns asking the store; one cancelled in the
+    very turn it got its turn left the turn taken, and the scope stuck for good."""
+    cluster = Cluster(1)
+    (worker,) = cluster.workers
+    scope = worker.scope("a", concurrency=10, delay=1.0)
+    first = reserve(worker, "http://a/1", scope)
+    await settle(3)
+    assert first.done()
+    reserve(worker, "http://a/2", scope)
+    victim = reserve(worker, "http://a/3", scope)
+    await settle(3)
+    turn = worker.throttle._turns["a"]
+    turn.waiting[0].addCallback(lambda lock: (victim.cancel(), lock)[1])
+    await cluster.run_for(1.1, 0.05)
+    assert victim.cancelled()
+    assert not turn.locked
+    after = reserve(worker, "http://a/4", scope)
+    await cluster.run_for(3.0, 0.1)
+    assert after.done()
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cancel_as_the_fallback_admits_gives_the_place_back():
+    """The same in the fallback gate: a place admitted in the turn of a cancel was kept."""
+    cluster = Cluster(1)
+    (worker,) = cluster.workers
+    scope = worker.scope("a", concurrency=1, delay=0.0)
+    throttle = worker.throttle
+    worker.backend.down = True
+    throttle.switch.enter_fallback(cluster.clock.seconds(), Failure(ConnectionError("down")))
+    first = reserve(worker, "http://a/1", scope)
+    await settle(3)
+    victim = reserve(worker, "http://a/2", scope)
+    await settle(3)
+    (waiting,) = list(throttle.local.waits)
+    waiting.addCallback(lambda waiter: (victim.cancel(), waiter)[1])
+    throttle.release(first.result())
+    await cluster.run_for(0.1)
+    assert victim.cancelled()
+    after = reserve(worker, "http://a/3", scope)
+    await cluster.run_for(2.0, 0.1)
+    assert after.done()
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reply_arriving_after_the_close_reserves_nothing():
+    """An acquire on its way when the spider closes ends its request: it used to sleep
+    out the reply's wait and return a reservation (sent after the close)."""
+    cluster = Cluster(1)
+    (worker,) = cluster.workers
+    scope = worker.scope("a", concurrency=5, delay=10.0)
+    first = reserve(worker, "http://a/1", scope)
+    await cluster.run_for(0.1)
+    assert first.done()
+    run = worker.backend.run
+
+    def late(keys: Any, argv: Any) -> Deferred[Any]:
+        reply: Deferred[Any] = Deferred()
+        run(keys, argv).addBoth(lambda r: cluster.clock.callLater(0.05, reply.callback, r))
+        return reply
+
+    worker.backend.run = late  # type: ignore[method-assign]
+    second = reserve(worker, "http://a/2", scope)
+    await settle(3)
+    assert worker.throttle.asking
+    worker.throttle.stop_waiting("the spider closed (shutdown)")
+    await cluster.run_for(0.2)
+    assert second.done()
+    assert isinstance(second.exception(), GateClosedError)
+    cluster.close()
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [lambda reply: reply[:2], lambda reply: [reply[0], reply[1], "soon", *reply[3:]]],
+    ids=["truncated", "not-a-number"],
+)
+@pytest_twisted.ensureDeferred
+async def test_an_odd_acquire_reply_gives_the_lease_back_and_goes_locally(
+    mangle: Any, caplog: pytest.LogCaptureFixture
+):
+    """A reply that is not the script's (a proxy, another script behind the SHA) raised a
+    bare IndexError/ValueError out of reserve and left the lease taken in the store."""
+    cluster = Cluster(2)
+    worker, other = cluster.workers
+    scope = worker.scope("a", concurrency=1, delay=0.0)
+    run = worker.backend.run
+
+    def odd(keys: Any, argv: Any) -> Deferred[Any]:
+        answer = run(keys, argv)
+        return answer.addCallback(mangle) if argv[0] == "acquire" else answer
+
+    worker.backend.run = odd  # type: ignore[method-assign]
+    mine = reserve(worker, "http://a/1", scope)
+    await cluster.run_for(0.1)
+    assert mine.done()
+    assert mine.exception() is None
+    assert "which is not what slotkit's script returns" in caplog.text
+    worker.backend.run = run  # type: ignore[method-assign]
+    worker.throttle.release(mine.result())
+    theirs = reserve(other, "http://a/2", other.scope("a", concurrency=1, delay=0.0))
+    await cluster.run_for(2.0, 0.1)
+    assert theirs.done()  # the store holds no lease of the odd call
     cluster.close()
 
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import CancelledError, Deferred
 
 from slotkit.gate import Gate, Waiter
+from slotkit.handover import take
 from slotkit.registry import Scope
 from slotkit.shared.twin import fmt
 
@@ -60,7 +60,8 @@ class LocalFallback:
             ticket.waited = True
             self.waits[waiting] = False
             try:
-                waiter = await maybe_deferred_to_future(waiting)
+                # A place the gate gave just before a cancel reached us goes back.
+                waiter = await take(waiting, self.gate.release)
             except CancelledError:
                 if not self.waits.pop(waiting, False):
                     raise  # the caller cancelled

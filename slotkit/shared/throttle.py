@@ -32,6 +32,8 @@ resumes.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -39,6 +41,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import CancelledError, DeferredLock
 
 from slotkit.gate import GateClosedError
+from slotkit.handover import take
 from slotkit.registry import Scope
 from slotkit.shared.link import FALLBACK, SHARED, StoreLink
 from slotkit.shared.manager import SharedScopeManager
@@ -48,14 +51,46 @@ from slotkit.shared.twin import fmt
 if TYPE_CHECKING:
     from scrapy import Request
 
+logger = logging.getLogger("slotkit")
+
 #: What a request's caller giving up raises into it, on either kind of reactor.
 _CANCELLED = (asyncio.CancelledError, CancelledError)
 
 __all__ = ["FALLBACK", "SHARED", "Pass", "SharedThrottle", "ThrottleOptions"]
 
 
+class AcquireReplyError(ValueError):
+    """The store answered an acquire, but not as slotkit's script does."""
+
+
+def parse_acquire(reply: object) -> tuple[str, float, list[float], list[int]]:
+    """An acquire's reply: its status, wait, holds and slots left per scope.
+
+    The script answers ``[status, count, wait, hold, left, hold, left, ...]``;
+    anything else (another script behind the same SHA, a proxy's answer) is
+    an :class:`AcquireReplyError` naming what came.
+    """
+    try:
+        items = list(reply)  # type: ignore[call-overload]
+        status, wait = str(items[0]), float(items[2])
+        holds = [float(hold) for hold in items[3::2]]
+        slots_left = [int(left) for left in items[4::2]]
+    except (TypeError, ValueError, IndexError, OverflowError):
+        pass
+    else:
+        if status in ("ok", "wait", "full") and math.isfinite(wait) and wait >= 0:
+            return status, wait, holds, slots_left
+    raise AcquireReplyError(
+        f"the shared store answered an acquire with {reply!r:.200}, which is not what "
+        "slotkit's script returns"
+    )
+
+
 class SharedThrottle(StoreLink):
     """Drives the store for one crawler: reservations, releases, backoff, fallback."""
+
+    #: Whether an odd acquire reply was logged (once per crawler).
+    _warned_bad_reply = False
 
     # The path of one request
 
@@ -79,8 +114,8 @@ class SharedThrottle(StoreLink):
             taken: list[DeferredLock] = []
             try:
                 for lock in locks:  # always in the same order: no deadlock between requests
-                    await maybe_deferred_to_future(lock.acquire())
-                    taken.append(lock)
+                    # (released at once if a cancel beats this coroutine to it)
+                    taken.append(await take(lock.acquire(), DeferredLock.release))
                 return await self._reserve(request, ticket)
             finally:
                 for lock in reversed(taken):
@@ -115,11 +150,21 @@ class SharedThrottle(StoreLink):
             self.acquires += 1
             seen = self.event_count
             try:
-                reply = await self._ask(keys, args, ticket.scope_ids)
+                status, wait, holds, slots_left = parse_acquire(
+                    await self._ask(keys, args, ticket.scope_ids)
+                )
             except _CANCELLED:
                 # Its caller gave up: the script may have run, and taken a lease.
                 self._give_back(ticket, lease, now=True)
                 raise
+            except AcquireReplyError as exc:
+                # The store answered, but not as slotkit's script does: its
+                # lease (if any) goes back, and the request goes locally.
+                self._give_back(ticket, lease, now=True)
+                self._note_bad_reply(exc)
+                if await self._reserve_locally(request, ticket):
+                    return ticket
+                continue
             except Exception:
                 # The script may still have run (a frozen store that thawed):
                 # give that lease back once the store answers again.
@@ -129,12 +174,15 @@ class SharedThrottle(StoreLink):
                 if await self._reserve_locally(request, ticket):
                     return ticket
                 continue
+            if self._stopping:
+                # The spider closed while the reply was on its way: a
+                # reservation now would send the request after the close.
+                self._give_back(ticket, lease, now=True)
+                raise GateClosedError("the downloader closed")
             now = self.clock.seconds()
-            status, wait = reply[0], float(reply[2])
-            slots_left = [int(x) for x in reply[4::2]]
-            for manager, hold in zip(ticket.managers, reply[3::2], strict=False):
-                if float(hold) > 0:
-                    manager.note_hold(now + float(hold))
+            for manager, hold in zip(ticket.managers, holds, strict=False):
+                if hold > 0:
+                    manager.note_hold(now + hold)
             if status == "ok":
                 if wait > 0:
                     ticket.waited = True
@@ -176,6 +224,12 @@ class SharedThrottle(StoreLink):
             wait = min(wait, o.full_poll) if status == "full" else wait
             sleep = self.sleeps.sleep(wait, ticket.scope_ids, kinds)
             await maybe_deferred_to_future(sleep.deferred)
+
+    def _note_bad_reply(self, error: AcquireReplyError) -> None:
+        """Say once that the store answers oddly (another script behind the SHA, a proxy)."""
+        if not self._warned_bad_reply:
+            self._warned_bad_reply = True
+            logger.warning("slotkit: %s; such requests are throttled locally", error)
 
     async def _ask(self, keys: list[str], args: list[str], scope_ids: Sequence[str]) -> list[str]:
         """One ``acquire`` call, counted in :attr:`asking` while it is on its way."""
