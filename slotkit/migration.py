@@ -299,16 +299,29 @@ def silence_autothrottle(crawler: Crawler) -> None:
         if mapping is not None and mapping.rampup
         else ""
     )
+    own = crawler.settings.getfloat("DOWNLOAD_DELAY")
+    start = crawler.settings.getfloat("AUTOTHROTTLE_START_DELAY", 5.0)
+    slower = (
+        f" Note that every site then starts at AUTOTHROTTLE_START_DELAY = {start:g}s and "
+        "only rampup lowers it, one step per quiet BACKOFF_WINDOW: far slower than "
+        "AutoThrottle, which followed latency. To crawl at your own pace, drop the "
+        f"AUTOTHROTTLE_* settings: DOWNLOAD_DELAY = {own:g} then applies, and backoff still "
+        "slows a site that answers 429/5xx."
+        if start > own
+        else ""
+    )
     logger.warning(
         "AUTOTHROTTLE_ENABLED is set: slotkit applies its equivalents and keeps Scrapy's "
-        "AutoThrottle from changing delays. Write instead: %s (see `python -m slotkit migrate`).%s",
+        "AutoThrottle from changing delays. Its equivalents: %s (see `python -m slotkit "
+        "migrate`).%s%s",
         lines,
         rampup,
+        slower,
     )
     # The log line is for people; the warning is for test suites and -W error.
     warnings.warn(
-        "AUTOTHROTTLE_ENABLED is deprecated with slotkit.Downloader: slotkit maps it to "
-        f"throttling settings. Write instead: {lines}",
+        "AUTOTHROTTLE_ENABLED is deprecated with slotkit.Downloader (slotkit maps it to "
+        "throttling settings; `python -m slotkit migrate` prints them)",
         ScrapyDeprecationWarning,
         stacklevel=2,
     )

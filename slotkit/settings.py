@@ -62,9 +62,12 @@ def _dict_setting(settings: BaseSettings, name: str) -> Any:
     if isinstance(value, str):
         try:
             return settings.getdict(name)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError) as exc:
+            # json's own words say where it stopped: single quotes, True/None,
+            # a trailing comma are Python, not JSON.
             raise SettingsError(
-                f"{name} must be a dict, or JSON text of one (got {_describe(value)})"
+                f"{name} must be a dict, or JSON text of one (got {_describe(value)}; "
+                f"not valid JSON: {exc}; JSON wants double quotes and true/false/null)"
             ) from None
     return value
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -185,3 +186,20 @@ def test_migrate_warns_that_download_slots_keep_the_address_pace_per_ip() -> Non
     assert "download_slot also keep their address's DOWNLOAD_DELAY" in text
     quiet = format_report(migration_report(Settings({"CONCURRENT_REQUESTS_PER_IP": 3})))
     assert "download_slot" not in quiet
+
+
+def test_the_warning_says_when_the_start_delay_is_slower_than_the_projects_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A startproject project (DOWNLOAD_DELAY 0.25, AutoThrottle on) crawled 10 times
+    slower after the switch, and the warning only listed 'DOWNLOAD_DELAY = 5.0'."""
+    from scrapy.utils.test import get_crawler
+
+    from slotkit.migration import silence_autothrottle
+
+    crawler = get_crawler(settings_dict={"AUTOTHROTTLE_ENABLED": True, "DOWNLOAD_DELAY": 0.25})
+    with caplog.at_level(logging.WARNING, logger="slotkit"), pytest.warns(ScrapyDeprecationWarning):
+        silence_autothrottle(crawler)
+    assert "starts at AUTOTHROTTLE_START_DELAY = 5s" in caplog.text
+    assert "far slower than AutoThrottle" in caplog.text
+    assert "drop the AUTOTHROTTLE_* settings: DOWNLOAD_DELAY = 0.25 then applies" in caplog.text

@@ -684,3 +684,15 @@ def test_a_dict_setting_given_plain_text_exits_2(capsys):
     status = main(["explain", "https://example.com/", "-s", "DOWNLOAD_SLOTS=notjson"])
     assert status == 2
     assert "-s DOWNLOAD_SLOTS" in capsys.readouterr().err
+
+
+def test_explain_names_a_misspelt_setting(capsys):
+    """The crawl warns of THROTTLING_SCOPE (no S) at start; explain, the tool a user
+    runs to see why a value is not theirs, said nothing."""
+    data = explain_json(
+        capsys, "https://example.com/", "-s", 'THROTTLING_SCOPE={"example.com": {"delay": 2}}'
+    )
+    assert any(
+        "THROTTLING_SCOPE is not one slotkit reads" in note and "THROTTLING_SCOPES" in note
+        for note in data["notes"]
+    ), data["notes"]

@@ -698,3 +698,11 @@ def test_a_jitter_above_one_is_accepted_with_a_warning(caplog: pytest.LogCapture
     assert "THROTTLING_SCOPES['a.example']['jitter'] = 2 reaches below a zero delay" in caplog.text
     # A scope manager rebuilt from the config (the shared mode's) reads the pair back.
     assert parse_jitter("jitter", [-2.0, 2.0]) == (-2.0, 2.0)
+
+
+def test_a_python_literal_on_the_command_line_is_told_what_json_wants():
+    """-s "THROTTLING_SCOPES={'a': {'delay': 0.5}}" (Python, not JSON) said only
+    'must be a dict, or JSON text of one'."""
+    message = refuse({"THROTTLING_SCOPES": "{'a': {'delay': 0.5}}"})
+    assert "not valid JSON" in message
+    assert "JSON wants double quotes and true/false/null" in message

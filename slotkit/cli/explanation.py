@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from slotkit.setting_names import unknown_setting_names
+
 if TYPE_CHECKING:
     from scrapy.settings import Settings
 
@@ -117,4 +119,15 @@ def _per_ip_note(context: ExplainContext) -> list[str]:
     ]
 
 
-NOTE_PROVIDERS.extend([_downloader_note, _robots_note, _autothrottle_note, _per_ip_note])
+def _setting_names_note(context: ExplainContext) -> list[str]:
+    # The crawl warns of these at start; a misspelt name explains a value
+    # that is not what the project meant, so explain says it too.
+    return [
+        f"the setting {name} is not one slotkit reads{hint}"
+        for name, hint in unknown_setting_names(context.settings)
+    ]
+
+
+NOTE_PROVIDERS.extend(
+    [_setting_names_note, _downloader_note, _robots_note, _autothrottle_note, _per_ip_note]
+)
