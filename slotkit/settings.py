@@ -7,6 +7,7 @@ scope, what arrived and what is accepted. Nothing in here touches a reactor.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -62,14 +63,23 @@ def _dict_setting(settings: BaseSettings, name: str) -> Any:
     if isinstance(value, str):
         try:
             return settings.getdict(name)
-        except (ValueError, TypeError) as exc:
-            # json's own words say where it stopped: single quotes, True/None,
-            # a trailing comma are Python, not JSON.
+        except (ValueError, TypeError):
             raise SettingsError(
-                f"{name} must be a dict, or JSON text of one (got {_describe(value)}; "
-                f"not valid JSON: {exc}; JSON wants double quotes and true/false/null)"
+                f"{name} must be a dict, or JSON text of one (got {_describe(value)}"
+                f"{_json_problem(value)})"
             ) from None
     return value
+
+
+def _json_problem(text: str) -> str:
+    """Why *text* is no JSON object, for an error message."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        # json's own words say where it stopped: single quotes, True/None and
+        # a trailing comma are Python, not JSON.
+        return f"; not valid JSON: {exc}; JSON wants double quotes and true/false/null"
+    return "; valid JSON, but not an object"
 
 
 #: Source of a concurrency that ``CONCURRENT_REQUESTS`` capped.

@@ -706,3 +706,6 @@ def test_a_python_literal_on_the_command_line_is_told_what_json_wants():
     message = refuse({"THROTTLING_SCOPES": "{'a': {'delay': 0.5}}"})
     assert "not valid JSON" in message
     assert "JSON wants double quotes and true/false/null" in message
+    # Valid JSON that is no object gets no quoting advice.
+    message = refuse({"THROTTLING_SCOPES": '["a", 1]'})
+    assert "valid JSON, but not an object" in message

@@ -928,6 +928,38 @@ async def test_an_odd_acquire_reply_gives_the_lease_back_and_goes_locally(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_store_answering_oddly_is_fallen_back_from_not_asked_in_a_loop():
+    """Every acquire answered oddly (another script behind the SHA): the worker falls
+    back as on failures. Staying shared, each good reply (the lease's release) sent the
+    waiting request straight back to ask: 250 acquires a second, replies 2 ms away."""
+    cluster = Cluster(1)
+    (worker,) = cluster.workers
+    scope = worker.scope("a", concurrency=1, delay=0.0)
+    run = worker.backend.run
+
+    def odd_and_late(keys: Any, argv: Any) -> Deferred[Any]:
+        reply: Deferred[Any] = Deferred()
+        answer = run(keys, argv)
+        if argv[0] == "acquire":
+            answer.addCallback(lambda r: r[:2])
+        answer.addBoth(lambda r: worker.clock.callLater(0.002, reply.callback, r))
+        return reply
+
+    worker.backend.run = odd_and_late  # type: ignore[method-assign]
+    first = reserve(worker, "http://a/1", scope)
+    await cluster.run_for(0.1, 0.002)
+    assert first.done()
+    acquires = worker.throttle.acquires
+    second = reserve(worker, "http://a/2", scope)
+    await cluster.run_for(1.0, 0.002)
+    assert worker.throttle.acquires - acquires < 5
+    worker.throttle.release(first.result())
+    await cluster.run_for(0.2, 0.002)
+    assert second.done()
+    cluster.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_close_fails_waiting_requests_and_cancels_timers():
     """Closing the throttle fails what waits for the store and leaves no timer behind."""
     cluster = Cluster(1)

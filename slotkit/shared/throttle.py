@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import CancelledError, DeferredLock
+from twisted.python.failure import Failure
 
 from slotkit.gate import GateClosedError
 from slotkit.handover import take
@@ -159,9 +160,13 @@ class SharedThrottle(StoreLink):
                 raise
             except AcquireReplyError as exc:
                 # The store answered, but not as slotkit's script does: its
-                # lease (if any) goes back, and the request goes locally.
+                # lease (if any) goes back, and the worker falls back as if
+                # the call had failed (staying shared, the next good reply
+                # would send the waiters straight back to ask again).
                 self._give_back(ticket, lease, now=True)
                 self._note_bad_reply(exc)
+                if self.mode == SHARED:
+                    self.switch.enter_fallback(self.clock.seconds(), Failure(exc))
                 if await self._reserve_locally(request, ticket):
                     return ticket
                 continue
