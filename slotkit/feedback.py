@@ -166,6 +166,19 @@ class Feedback:
         # are taken to have stepped.
         if not isinstance(steps_before, int) or getattr(manager, "steps", None) != steps_before:
             self._stats.inc("backoff/steps")
+            if not scope.backoff_logged:
+                # Once per scope: a newcomer saw a site go 16 times slower with
+                # nothing above DEBUG; the status line and stats follow it on.
+                scope.backoff_logged = True
+                delay = getattr(manager, "current_delay", None)
+                logger.info(
+                    "slotkit: scope %r backs off after %s%s; it steps back one level per "
+                    "quiet BACKOFF_WINDOW (this is logged once per scope; the "
+                    "throttling/backoff/* stats count every step)",
+                    scope.id,
+                    reason,
+                    f" to {delay:g}s between requests" if isinstance(delay, float) else "",
+                )
         if self._config.debug:
             logger.debug(
                 "slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager

@@ -44,6 +44,7 @@ class Scope:
     """One live throttling scope: a manager plus the gate's bookkeeping."""
 
     __slots__ = (
+        "backoff_logged",
         "capped_logged",
         "id",
         "in_flight",
@@ -86,6 +87,8 @@ class Scope:
         self.last_used = NEVER
         #: Whether "hint capped" was logged in the current backoff episode.
         self.capped_logged = False
+        #: Whether its first backoff step was logged (once per live scope).
+        self.backoff_logged = False
         #: A request of this scope hit the re-send bound (see :mod:`slotkit.resend`).
         self.stalled = False
         #: Its ``Downloader.slots`` view, made on first use (see :mod:`slotkit.slots`).

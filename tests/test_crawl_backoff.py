@@ -67,6 +67,19 @@ async def test_burst_of_429s_is_one_backoff_step(mock_site: MockSite) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_scopes_first_backoff_step_is_logged_once(mock_site: MockSite) -> None:
+    """A newcomer saw a site slow down 16 times with nothing above DEBUG: its first
+    step gets one INFO line; later steps only count in the stats."""
+    mock_site.set_behaviour(HOST, fail_first(3, 503))
+    settings = {**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 1, "BACKOFF_MIN_DELAY": 0.1}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 2))
+    assert result.stats["throttling/backoff/steps"] >= 2
+    line = "slotkit: scope '127.0.0.1' backs off after 503 to 0.1s between requests"
+    assert line in result.log_text
+    assert result.log_text.count("backs off after") == 1
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_timeout_gives_the_site_the_whole_backoff_delay(mock_site: MockSite) -> None:
     """A probe: with a 0.25 s timeout and a 0.4 s backoff step, the retry reached the
     server 0.15 s after the failure (the gap counted from the failed dispatch)."""
