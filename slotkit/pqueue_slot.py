@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, cast
 
+from queuelib.queue import LifoDiskQueue
 from scrapy.pqueues import ScrapyPriorityQueue
 
 if TYPE_CHECKING:
@@ -29,4 +31,10 @@ class _SlotQueue(ScrapyPriorityQueue):
                 return None
             prio = min(live)
         queue = self.queues.get(prio) or self._start_queues[prio]
-        return cast("Request | None", queue.peek())  # type: ignore[attr-defined]
+        request = cast("Request | None", queue.peek())  # type: ignore[attr-defined]
+        if isinstance(queue, LifoDiskQueue):
+            # queuelib's peek leaves the file 4 bytes short of its end, where
+            # the next push would write, over the last record's length: the
+            # job's queue would be corrupt (OSError on a later pop).
+            queue.f.seek(0, os.SEEK_END)
+        return request

@@ -18,7 +18,7 @@ import pytest
 from scrapy import Request, Spider, signals
 from scrapy.dupefilters import RFPDupeFilter
 from scrapy.pqueues import DownloaderAwarePriorityQueue, ScrapyPriorityQueue
-from scrapy.squeues import FifoMemoryQueue, PickleFifoDiskQueue
+from scrapy.squeues import FifoMemoryQueue, PickleFifoDiskQueue, PickleLifoDiskQueue
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
@@ -354,6 +354,25 @@ def test_held_requests_stay_on_disk_across_a_restart(tmp_path: Path) -> None:
     resumed, _ = disk_queue(tmp_path, state)
     assert len(resumed) == 3
     assert [r.url for r in iter(resumed.pop_ready, None)] == [f"http://slow/{n}" for n in range(3)]
+
+
+def test_a_push_after_a_peek_keeps_a_lifo_disk_queue_whole(tmp_path: Path) -> None:
+    """queuelib's LifoDiskQueue.peek leaves its file short of the end: a push after
+    it wrote over the last record's length, and the job's queue broke (OSError 22 on
+    every pop; a probe's JOBDIR crawls hung). Scrapy's default disk queue is LIFO."""
+    crawler = get_crawler()
+    downloader = FakeDownloader(Clock())
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(
+        crawler, PickleLifoDiskQueue, str(tmp_path), None, downloader=downloader
+    )
+    downloader.opens_at["slow"] = ONE_DELAY
+    queue.push(req("slow", 1))
+    assert queue.pop_ready() is None  # peeked at its head
+    queue.push(req("slow", 2))
+    downloader.opens_at["slow"] = 0.0
+    assert sorted(url_of(queue.pop()) for _ in range(2)) == ["http://slow/1", "http://slow/2"]
+    queue.close()
 
 
 def test_resumes_a_job_of_downloader_aware_priority_queue(tmp_path: Path) -> None:
