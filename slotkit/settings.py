@@ -7,7 +7,6 @@ scope, what arrived and what is accepted. Nothing in here touches a reactor.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from slotkit.validation import (
     _number,
     as_bool,
     command_line_pair,
+    dict_setting,
     parse_jitter,
     per_ip_setting,
 )
@@ -55,31 +55,6 @@ __all__ = [
     "SettingsError",
     "parse_jitter",
 ]
-
-
-def _dict_setting(settings: BaseSettings, name: str) -> Any:
-    """A dict setting; JSON text (``scrapy crawl -s NAME='{...}'``) is parsed first."""
-    value = settings.get(name) or {}
-    if isinstance(value, str):
-        try:
-            return settings.getdict(name)
-        except (ValueError, TypeError):
-            raise SettingsError(
-                f"{name} must be a dict, or JSON text of one (got {_describe(value)}"
-                f"{_json_problem(value)})"
-            ) from None
-    return value
-
-
-def _json_problem(text: str) -> str:
-    """Why *text* is no JSON object, for an error message."""
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as exc:
-        # json's own words say where it stopped: single quotes, True/None and
-        # a trailing comma are Python, not JSON.
-        return f"; not valid JSON: {exc}; JSON wants double quotes and true/false/null"
-    return "; valid JSON, but not an object"
 
 
 #: Source of a concurrency that ``CONCURRENT_REQUESTS`` capped.
@@ -230,7 +205,7 @@ class ThrottlingSettings:
         raw_scopes = (
             DEFAULT_THROTTLING_SCOPES
             if settings.get("THROTTLING_SCOPES") is None
-            else _dict_setting(settings, "THROTTLING_SCOPES")
+            else dict_setting(settings, "THROTTLING_SCOPES")
         )
         if not isinstance(raw_scopes, Mapping):
             raise SettingsError(
@@ -241,7 +216,7 @@ class ThrottlingSettings:
             scope: validate_scope_entry("THROTTLING_SCOPES", scope, entry)
             for scope, entry in raw_scopes.items()
         }
-        raw_slots = _dict_setting(settings, "DOWNLOAD_SLOTS")
+        raw_slots = dict_setting(settings, "DOWNLOAD_SLOTS")
         if not isinstance(raw_slots, Mapping):
             raise SettingsError(f"DOWNLOAD_SLOTS must be a dict (got {_describe(raw_slots)})")
         slots = {str(key): slot_entry(str(key), entry) for key, entry in raw_slots.items()}

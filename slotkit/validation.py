@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,15 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
-__all__ = ["NO_JITTER", "Jitter", "SettingsError", "parse_jitter", "per_ip_limit", "per_ip_setting"]
+__all__ = [
+    "NO_JITTER",
+    "Jitter",
+    "SettingsError",
+    "dict_setting",
+    "parse_jitter",
+    "per_ip_limit",
+    "per_ip_setting",
+]
 
 logger = logging.getLogger("slotkit")
 
@@ -206,3 +215,28 @@ def per_ip_setting(settings: BaseSettings) -> Any:
 def per_ip_limit(settings: BaseSettings) -> int:
     """``CONCURRENT_REQUESTS_PER_IP`` as an int (see :func:`per_ip_setting`)."""
     return int(per_ip_setting(settings))
+
+
+def dict_setting(settings: Any, name: str) -> Any:
+    """A dict setting; JSON text (``scrapy crawl -s NAME='{...}'``) is parsed first."""
+    value = settings.get(name) or {}
+    if isinstance(value, str):
+        try:
+            return settings.getdict(name)
+        except (ValueError, TypeError):
+            raise SettingsError(
+                f"{name} must be a dict, or JSON text of one (got {_describe(value)}"
+                f"{_json_problem(value)})"
+            ) from None
+    return value
+
+
+def _json_problem(text: str) -> str:
+    """Why *text* is no JSON object, for an error message."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        # json's own words say where it stopped: single quotes, True/None and
+        # a trailing comma are Python, not JSON.
+        return f"; not valid JSON: {exc}; JSON wants double quotes and true/false/null"
+    return "; valid JSON, but not an object"

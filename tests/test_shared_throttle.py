@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -813,6 +814,25 @@ async def test_a_request_cancelled_while_its_reservation_waits_gives_the_lease_b
     cluster.close()
 
 
+def answer_acquires(
+    worker: Worker, latency: float = 0.0, change: Callable[[Any], Any] | None = None
+) -> None:
+    """Make *worker*'s store answer *latency* seconds late, acquires passed through *change*."""
+    run = worker.backend.run
+
+    def answer(keys: Any, argv: Any) -> Deferred[Any]:
+        reply = run(keys, argv)
+        if change is not None and argv[0] == "acquire":
+            reply.addCallback(change)
+        if not latency:
+            return reply
+        late: Deferred[Any] = Deferred()
+        reply.addBoth(lambda r: worker.clock.callLater(latency, late.callback, r))
+        return late
+
+    worker.backend.run = answer  # type: ignore[method-assign]
+
+
 def reserve(worker: Worker, url: str, scope: Scope) -> asyncio.Future[Any]:
     return asyncio.ensure_future(worker.throttle.reserve(Request(url), [scope], [None]))
 
@@ -875,14 +895,7 @@ async def test_a_reply_arriving_after_the_close_reserves_nothing():
     first = reserve(worker, "http://a/1", scope)
     await cluster.run_for(0.1)
     assert first.done()
-    run = worker.backend.run
-
-    def late(keys: Any, argv: Any) -> Deferred[Any]:
-        reply: Deferred[Any] = Deferred()
-        run(keys, argv).addBoth(lambda r: cluster.clock.callLater(0.05, reply.callback, r))
-        return reply
-
-    worker.backend.run = late  # type: ignore[method-assign]
+    answer_acquires(worker, latency=0.05)
     second = reserve(worker, "http://a/2", scope)
     await settle(3)
     assert worker.throttle.asking
@@ -908,12 +921,7 @@ async def test_an_odd_acquire_reply_gives_the_lease_back_and_goes_locally(
     worker, other = cluster.workers
     scope = worker.scope("a", concurrency=1, delay=0.0)
     run = worker.backend.run
-
-    def odd(keys: Any, argv: Any) -> Deferred[Any]:
-        answer = run(keys, argv)
-        return answer.addCallback(mangle) if argv[0] == "acquire" else answer
-
-    worker.backend.run = odd  # type: ignore[method-assign]
+    answer_acquires(worker, change=mangle)
     mine = reserve(worker, "http://a/1", scope)
     await cluster.run_for(0.1)
     assert mine.done()
@@ -935,17 +943,7 @@ async def test_a_store_answering_oddly_is_fallen_back_from_not_asked_in_a_loop()
     cluster = Cluster(1)
     (worker,) = cluster.workers
     scope = worker.scope("a", concurrency=1, delay=0.0)
-    run = worker.backend.run
-
-    def odd_and_late(keys: Any, argv: Any) -> Deferred[Any]:
-        reply: Deferred[Any] = Deferred()
-        answer = run(keys, argv)
-        if argv[0] == "acquire":
-            answer.addCallback(lambda r: r[:2])
-        answer.addBoth(lambda r: worker.clock.callLater(0.002, reply.callback, r))
-        return reply
-
-    worker.backend.run = odd_and_late  # type: ignore[method-assign]
+    answer_acquires(worker, latency=0.002, change=lambda reply: reply[:2])
     first = reserve(worker, "http://a/1", scope)
     await cluster.run_for(0.1, 0.002)
     assert first.done()
