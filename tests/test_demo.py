@@ -239,6 +239,9 @@ def test_summary_counts_per_site_and_overall():
     assert "(total 2.5 s, longest 1.2 s)" in text or "(total 2.5 s, longest 1.3 s)" in text
     assert "Errors seen by the spider: HttpError 1" in text
     assert "Still waiting for their scopes when the crawl stopped: 2" in text
+    # a probe: a first-time reader could not tell what "level 2" and "hold 1.6s" meant
+    assert "'level N (Xs)': backoff raised the scope's delay N steps" in text
+    assert "'hold Xs': the whole" in text
 
 
 def test_a_port_out_of_range_is_a_usage_error(capsys):

@@ -16,13 +16,20 @@ if TYPE_CHECKING:
     from slotkit.demo.monitor import CrawlTotals, ScopeTimeline
     from slotkit.status import ScopeState
 
-__all__ = ["HEADER", "LiveTable", "render_summary", "render_table"]
+__all__ = ["HEADER", "LEGEND", "LiveTable", "render_summary", "render_table"]
 
 #: The table's column titles (tests look for this line).
 COLUMNS = ("scope", "site", "req/s", "delay", "in use/limit", "backoff", "waiting")
 _ALIGN_RIGHT = {"req/s", "delay", "in use/limit", "waiting"}
 #: Minimum column widths, so that the live table does not shift as values change.
 _MIN_WIDTHS = (12, 12, 6, 7, 12, 24, 7)
+#: What the table's words mean, printed under the summary for a first-time reader.
+LEGEND = (
+    "Legend: 'level N (Xs)': backoff raised the scope's delay N steps, to X s, after 429s,",
+    "  503s or timeouts; it comes down a step per quiet BACKOFF_WINDOW. 'hold Xs': the whole",
+    "  scope waits X s more because the server asked (Retry-After, RateLimit-Reset) or code",
+    "  called delay_scope(). 'sends' counts transfers, re-sends included; 'holds' counts pauses.",
+)
 #: Seconds over which the table's request rate is averaged.
 RATE_WINDOW = 2.0
 HEADER = COLUMNS
@@ -163,7 +170,7 @@ def render_summary(
     if errors:
         shown = ", ".join(f"{name} {count}" for name, count in sorted(errors.items()))
         lines.append(f"Errors seen by the spider: {shown}")
-    return lines
+    return [*lines, "", *LEGEND]
 
 
 class LiveTable:
