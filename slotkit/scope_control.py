@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred
 
 from slotkit.awaitables import NotReadyError, run_without_suspending
 from slotkit.dns import cached_ip
+from slotkit.domains import registrable_domain
 from slotkit.registry import Scope
 from slotkit.robots import apply_crawl_delay, overrides_robots
 from slotkit.scope_ids import (
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet.interfaces import IReactorTime
 
-    from slotkit.backoff import BackoffConfig
+    from slotkit.backoff import BackoffRules
     from slotkit.gate import Gate
     from slotkit.registry import ScopeRegistry
     from slotkit.robots import CrawlDelays
@@ -255,11 +256,17 @@ class ScopeControl:
         A ``host:port`` id (a URL's ``netloc``, as in the spec's recipe) also
         holds the host's scope: default scopes are host names, like Scrapy's
         slots, so without this the recipe would hold a scope no request uses.
+        For the same reason, with ``THROTTLING_DOMAIN_GROUPING =
+        "registrable_domain"`` a host also holds the group its requests share.
         """
         ids = [scope_id]
         host = host_of_netloc(scope_id)
         if host is not None:
             ids.append(host)
+        if self.config.domain_grouping == "registrable_domain":
+            group = registrable_domain(host or scope_id)
+            if group not in ids:
+                ids.append(group)
         now = self._clock.seconds()
         for held in ids:
             scope = self.registry.get(held)
@@ -309,7 +316,7 @@ class ScopeControl:
         scope = self.registry.peek(scope_id)
         return scope is not None and getattr(scope.manager, "quota", None) is not None
 
-    def backoff_config(self, scope_id: str) -> BackoffConfig:
+    def backoff_config(self, scope_id: str) -> BackoffRules:
         """The backoff rules of *scope_id*."""
         return self.config.backoff_config(scope_id)
 

@@ -298,6 +298,20 @@ def test_hold_scope_holds_the_scope():
     assert clock.getDelayedCalls() == []
 
 
+@pytest.mark.parametrize("named", ["books.example.co.uk", "books.example.co.uk:8080"])
+def test_hold_scope_of_a_host_holds_its_registrable_domain_group(named):
+    """A probe: with registrable-domain grouping, delay_scope(response's hostname), as
+    the recipe reads, held 'books.example.co.uk', a scope no request used, and the
+    site went on at full speed. The host's group is held too now."""
+    downloader, clock = make_downloader({"THROTTLING_DOMAIN_GROUPING": "registrable_domain"})
+    clock.advance(10.0)
+    downloader.hold_scope(named, HOLD)
+    group = downloader.registry.peek("example.co.uk")
+    assert group is not None
+    assert group.manager.can_send(clock.seconds(), None) == HOLD
+    downloader.close()
+
+
 # ----------------------------------------------------------------- fetch, driven by hand
 
 

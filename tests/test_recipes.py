@@ -43,6 +43,7 @@ def test_every_recipe_file_is_tested() -> None:
         "cost_cap",
         "registrable_domain",
         "ip_scopes",
+        "maintenance",
     }
     assert {path.stem for path in RECIPES.glob("*.py")} == tested
 
@@ -244,3 +245,31 @@ async def test_fixed_window_manager_for_every_scope_leaves_others_unlimited(
     assert not result.errors
     assert mock_site.recorder.arrivals("127.0.0.1")[2] - before >= 0.5
     assert mock_site.recorder.arrivals("127.0.0.2")[-1] - before < 0.5
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("grouping", ["host", "registrable_domain"])
+@pytest_twisted.ensureDeferred
+async def test_maintenance_page_holds_the_whole_site(mock_site: MockSite, grouping: str) -> None:
+    """The page says 'under maintenance': the site's scope is held, however sites
+    are grouped, and the page is fetched again once the pause ends."""
+    module = recipe("maintenance")
+
+    class Spider(module.MaintenanceAwareSpider, ListSpider):  # type: ignore[misc,name-defined]
+        maintenance_pause = 0.5
+
+        def parse_page(self, response: Any) -> Any:
+            return ListSpider.parse(self, response)
+
+    def maintenance_first(request: Any, n: int) -> Reply | None:
+        return Reply(200, {}, b"<p>under maintenance</p>") if n == 0 else None
+
+    mock_site.set_behaviour("books.toscrape.com", maintenance_first)
+    url = f"http://books.toscrape.com:{mock_site.port}/page/0"
+    settings = {**SLOTKIT, "THROTTLING_DOMAIN_GROUPING": grouping}
+    result = await run_crawl(
+        Spider, settings, urls=[url], resolve={"books.toscrape.com": "127.0.0.1"}
+    )
+    assert [r.url for r in result.responses] == [url]  # the page, fetched again
+    first, again = mock_site.recorder.arrivals("books.toscrape.com")
+    assert again - first >= 0.5
