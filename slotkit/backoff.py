@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKOFF_KEYS",
-    "BackoffConfig",
+    "BackoffRules",
     "backoff_from_dict",
     "read_backoff",
     "scope_backoff",
@@ -43,8 +43,12 @@ BACKOFF_KEYS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class BackoffConfig:
-    """The backoff rules of one scope."""
+class BackoffRules:
+    """The backoff rules of one scope, resolved: every global setting filled in.
+
+    What users write is :class:`slotkit.BackoffConfig`, the ``"backoff"`` dict
+    of a ``THROTTLING_SCOPES`` entry, whose missing keys these rules fill.
+    """
 
     http_codes: frozenset[int] = frozenset(DEFAULT_HTTP_CODES)
     exceptions: tuple[type[BaseException], ...] = ()
@@ -116,7 +120,7 @@ def _window(value: object) -> float:
     )
 
 
-def _check_bounds(where: str, config: BackoffConfig) -> BackoffConfig:
+def _check_bounds(where: str, config: BackoffRules) -> BackoffRules:
     # A max below the (default) min is a request for short backoffs, not a
     # contradiction worth stopping the crawl: the cap wins.
     if config.min_delay > config.max_delay:
@@ -143,11 +147,11 @@ def _from_command_line(value: object) -> object:
     return [int(item) if item.isdecimal() else item for item in items]
 
 
-def read_backoff(settings: BaseSettings) -> BackoffConfig:
+def read_backoff(settings: BaseSettings) -> BackoffRules:
     """The crawl-wide backoff rules from the ``BACKOFF_*`` settings."""
     codes = _from_command_line(settings.get("BACKOFF_HTTP_CODES"))
     exceptions = _from_command_line(settings.get("BACKOFF_EXCEPTIONS"))
-    config = BackoffConfig(
+    config = BackoffRules(
         http_codes=_http_codes(
             "BACKOFF_HTTP_CODES", DEFAULT_HTTP_CODES if codes is None else codes
         ),
@@ -163,7 +167,7 @@ def read_backoff(settings: BaseSettings) -> BackoffConfig:
     return _check_bounds("BACKOFF_MIN_DELAY/BACKOFF_MAX_DELAY", config)
 
 
-def scope_backoff(default: BackoffConfig, where: str, entry: object) -> BackoffConfig:
+def scope_backoff(default: BackoffRules, where: str, entry: object) -> BackoffRules:
     """Apply a scope's ``"backoff"`` overrides to *default*; raise naming *where* on bad input."""
     if not isinstance(entry, Mapping):
         raise SettingsError(
@@ -188,19 +192,19 @@ def scope_backoff(default: BackoffConfig, where: str, entry: object) -> BackoffC
     return _check_bounds(where, replace(default, **changes))
 
 
-def capped(delay: float, config: BackoffConfig) -> tuple[float, bool]:
+def capped(delay: float, config: BackoffRules) -> tuple[float, bool]:
     """*delay* capped at ``max_delay``, and whether the cap bit."""
     if math.isfinite(delay) and delay <= config.max_delay:
         return delay, False
     return config.max_delay, True
 
 
-def backoff_from_dict(raw: Any) -> BackoffConfig | None:
-    """Rebuild a :class:`BackoffConfig` from a scope config dict (``None``: the defaults)."""
+def backoff_from_dict(raw: Any) -> BackoffRules | None:
+    """Rebuild a :class:`BackoffRules` from a scope config dict (``None``: the defaults)."""
     if not raw:
         return None
     overrides = {key: value for key, value in raw.items() if key != "window"}
-    config = scope_backoff(BackoffConfig(), "backoff", overrides)
+    config = scope_backoff(BackoffRules(), "backoff", overrides)
     if "window" in raw:
         config = replace(config, window=float(raw["window"]))
     return config

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-    from slotkit.backoff import BackoffConfig
+    from slotkit.backoff import BackoffRules
 
 __all__ = [
     "ScopeBackoff",
@@ -64,7 +64,7 @@ class _ScopeController(Protocol):
 
     def scope_ids(self, request: Request) -> list[str]: ...
 
-    def backoff_config(self, scope_id: str) -> BackoffConfig: ...
+    def backoff_config(self, scope_id: str) -> BackoffRules: ...
 
     def now(self) -> float: ...
 
@@ -102,7 +102,12 @@ class ThrottlingManager:
         return cls(crawler)
 
     def attach(self, controller: _ScopeController) -> None:
-        """Connect the manager to the downloader that owns the scopes."""
+        """Connect the manager to the downloader that owns the scopes.
+
+        slotkit's downloader calls it once, when it is built, before any
+        request; :meth:`delay_scope` needs it. A manager of your own that
+        does not subclass this one gets this method from it.
+        """
         self._controller = controller
 
     def get_scopes(self, request: Request) -> Scopes:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from zope.interface import implementer
 
-from slotkit.backoff import BackoffConfig, backoff_from_dict
+from slotkit.backoff import BackoffRules, backoff_from_dict
 from slotkit.interfaces import IThrottlingScopeManager
 from slotkit.policy import Uniform, jitter_factor
 from slotkit.quota import Quota
@@ -37,7 +37,7 @@ __all__ = ["ThrottlingScopeManager"]
 SHARED_RNG = random.Random()
 
 #: Module constants so that a new manager allocates nothing for them: the
-#: expression ``-math.inf`` makes a new float each time, and ``BackoffConfig``
+#: expression ``-math.inf`` makes a new float each time, and ``BackoffRules``
 #: is frozen, so one default instance serves every scope.
 NEVER = -math.inf
 #: Seconds past its delay a scope waits for its first request to end before
@@ -45,7 +45,7 @@ NEVER = -math.inf
 #: less, and a first request that hangs must not hold the scope until its
 #: DOWNLOAD_TIMEOUT.
 OPENING_ALLOWANCE = 1.0
-DEFAULT_BACKOFF = BackoffConfig()
+DEFAULT_BACKOFF = BackoffRules()
 
 
 @implementer(IThrottlingScopeManager)
@@ -106,7 +106,7 @@ class ThrottlingScopeManager(ScopeFeedback, SavedScopeState):
         jitter: Jitter = NO_JITTER,
         min_concurrency: int = 1,
         rng: Uniform | None = None,
-        backoff: BackoffConfig | None = None,
+        backoff: BackoffRules | None = None,
         quota: float | None = None,
         window: float = 60.0,
         rampup: RampupConfig | None = None,

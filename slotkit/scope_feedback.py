@@ -17,7 +17,7 @@ from slotkit.policy import next_backoff, recover
 from slotkit.server_budget import ServerBudget
 
 if TYPE_CHECKING:
-    from slotkit.backoff import BackoffConfig
+    from slotkit.backoff import BackoffRules
     from slotkit.quota import Quota
     from slotkit.rampup import Rampup
 
@@ -37,7 +37,7 @@ class ScopeFeedback:
         delay: float
         hold_until: float
         last_sent: float | None
-        backoff: BackoffConfig
+        backoff: BackoffRules
         backoff_delay: float | None
         recovers_at: float
         last_trigger: float | None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from slotkit.server_budget import ServerBudget
 
 if TYPE_CHECKING:
-    from slotkit.backoff import BackoffConfig
+    from slotkit.backoff import BackoffRules
     from slotkit.quota import Quota
 
 __all__ = ["SavedScopeState"]
@@ -31,7 +31,7 @@ class SavedScopeState:
         recovers_at: float
         quota: Quota | None
         server_budget: ServerBudget | None
-        backoff: BackoffConfig
+        backoff: BackoffRules
         _factor: float
         _resumed: bool
 

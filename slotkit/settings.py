@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
+from slotkit.backoff import BackoffRules, read_backoff, scope_backoff
 from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
 from slotkit.migration import AutoThrottleMapping, autothrottle_mapping
 from slotkit.rampup import RampupConfig
@@ -65,14 +65,20 @@ UNCAPPED_CONCURRENCY_SOURCE = "concurrency before the cap"
 
 @dataclass(frozen=True, slots=True)
 class ScopeConfig:
-    """The resolved configuration of one scope, handed to its scope manager."""
+    """The resolved configuration of one scope.
+
+    slotkit's own scope manager is built from it; a custom one receives
+    :meth:`as_dict` in ``from_crawler(crawler, config)``. ``backoff`` is a
+    :class:`slotkit.backoff.BackoffRules`, the ``"backoff"`` entry of
+    :class:`slotkit.BackoffConfig` with every missing key filled in.
+    """
 
     concurrency: int
     delay: float
     jitter: Jitter = NO_JITTER
     min_concurrency: int = 1
     manager: type | None = None
-    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    backoff: BackoffRules = field(default_factory=BackoffRules)
     quota: float | None = None
     window: float = 60.0
     rampup: RampupConfig | None = None
@@ -162,7 +168,12 @@ DOMAIN, IP, CUSTOM = "domain", "ip", "custom"
 
 @dataclass(frozen=True)
 class ThrottlingSettings:
-    """Every throttling setting of a crawl, validated."""
+    """Every throttling setting of a crawl, validated.
+
+    Built with :meth:`from_settings` (Scrapy settings in, :class:`SettingsError`
+    naming the setting for any bad value); :meth:`scope_config` resolves one
+    scope's configuration from it. The downloader keeps it as ``config``.
+    """
 
     domain_concurrency: int = 8
     ip_concurrency: int = 0
@@ -178,9 +189,9 @@ class ThrottlingSettings:
     debug: bool = False
     manager: type | None = None
     scope_manager: type | None = None
-    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    backoff: BackoffRules = field(default_factory=BackoffRules)
     #: Per-scope backoff rules, for scopes whose entry has a ``"backoff"`` dict.
-    scope_backoffs: Mapping[str, BackoffConfig] = field(default_factory=dict)
+    scope_backoffs: Mapping[str, BackoffRules] = field(default_factory=dict)
     resend: bool = True
     resend_timeout: float = 180.0
     #: Resolved configs of scopes with no entry of their own, by kind.
@@ -310,7 +321,7 @@ class ThrottlingSettings:
             ),
         )
 
-    def backoff_config(self, scope: str) -> BackoffConfig:
+    def backoff_config(self, scope: str) -> BackoffRules:
         """The backoff rules of *scope*: its ``"backoff"`` overrides, else the globals."""
         return self.scope_backoffs.get(scope, self.backoff)
 

@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from slotkit.backoff import BackoffConfig, read_backoff, scope_backoff
+from slotkit.backoff import BackoffRules, read_backoff, scope_backoff
 from slotkit.policy import next_backoff, recover
 from slotkit.scope import ThrottlingScopeManager
 from slotkit.settings import SettingsError, ThrottlingSettings
 
 WINDOW = 60.0
-NO_JITTER = BackoffConfig(jitter=(0.0, 0.0), window=WINDOW)
+NO_JITTER = BackoffRules(jitter=(0.0, 0.0), window=WINDOW)
 
 
-def make_scope(delay: float = 0.0, backoff: BackoffConfig = NO_JITTER) -> ThrottlingScopeManager:
+def make_scope(delay: float = 0.0, backoff: BackoffRules = NO_JITTER) -> ThrottlingScopeManager:
     return ThrottlingScopeManager(concurrency=4, delay=delay, backoff=backoff)
 
 
@@ -99,7 +99,7 @@ def test_a_step_after_a_slow_failure_still_waits_its_delay() -> None:
     """A timeout after 0.25 s with a 0.4 s backoff delay: the next request waits
     0.4 s from the failure (a probe saw it go 0.15 s after, the gap counted from
     the failed request's dispatch)."""
-    config = BackoffConfig(jitter=(0.0, 0.0), min_delay=0.4)
+    config = BackoffRules(jitter=(0.0, 0.0), min_delay=0.4)
     scope = make_scope(backoff=config)
     scope.record_sent(-5.0)
     scope.record_done(-5.0)
@@ -111,7 +111,7 @@ def test_a_step_after_a_slow_failure_still_waits_its_delay() -> None:
 
 def test_wait_never_passes_the_next_recovery() -> None:
     """A long backoff gap is re-asked at the recovery time, which may shorten it."""
-    config = BackoffConfig(jitter=(0.0, 0.0), window=10.0, min_delay=100.0, max_delay=300.0)
+    config = BackoffRules(jitter=(0.0, 0.0), window=10.0, min_delay=100.0, max_delay=300.0)
     scope = make_scope(backoff=config)
     scope.record_sent(0.0)
     scope.record_done(0.0)  # the gap after a scope's first request runs from its end
@@ -144,7 +144,7 @@ def test_backing_off_scope_is_never_idle() -> None:
 
 def test_window_zero_never_recovers() -> None:
     """BACKOFF_WINDOW = 0 keeps the backoff until the crawl ends."""
-    scope = make_scope(backoff=BackoffConfig(jitter=(0.0, 0.0), window=0.0))
+    scope = make_scope(backoff=BackoffRules(jitter=(0.0, 0.0), window=0.0))
     scope.record_backoff(None, now=0.0)
     scope.can_send(1e9)
     assert scope.backoff_delay == 1.0

@@ -68,7 +68,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from slotkit.backoff import BackoffConfig
+from slotkit.backoff import BackoffRules
 from slotkit.feedback import Feedback
 from slotkit.gate import Gate, GateClosedError, Waiter
 from slotkit.manager import ScopeBackoff
@@ -118,7 +118,7 @@ class ScopeSpec:
     min_concurrency: int
     delay: float
     jitter: tuple[float, float]
-    backoff: BackoffConfig
+    backoff: BackoffRules
     rampup: RampupConfig | None
     quota: float | None
     window: float
@@ -128,7 +128,7 @@ class ScopeSpec:
 @st.composite
 def scope_specs(draw: Any) -> ScopeSpec:
     concurrency = draw(st.integers(1, 4))
-    backoff = BackoffConfig(
+    backoff = BackoffRules(
         delay_factor=draw(st.sampled_from([1.5, 2.0])),
         min_delay=draw(st.sampled_from([0.1, 1.0])),
         max_delay=draw(st.sampled_from([2.0, 10.0])),
@@ -372,7 +372,7 @@ class _FeedbackConfig:
     def __init__(self, machine: GateMachine) -> None:
         self._machine = machine
 
-    def backoff_config(self, scope_id: str) -> BackoffConfig:
+    def backoff_config(self, scope_id: str) -> BackoffRules:
         return self._machine.spec_of(scope_id).backoff
 
 
@@ -948,7 +948,7 @@ def test_quota_window_model_matches_the_quota_class() -> None:
 def test_spy_reports_the_factor_drawn(jitter: tuple[float, float]) -> None:
     """The spy's factor is 1.0 without jitter and 1 + the rng's draw with it."""
     machine = GateMachine()
-    spec = ScopeSpec(1, 1, 1.0, jitter, BackoffConfig(), None, None, 60.0, seed=7)
+    spec = ScopeSpec(1, 1, 1.0, jitter, BackoffRules(), None, None, 60.0, seed=7)
     spy = SpyManager(machine, "x", spec)
     spy.record_sent(0.0)
     expected = 1.0 if jitter == (0.0, 0.0) else 1.0 + spy.rng.last
@@ -963,7 +963,7 @@ def test_rampup_step_wakes_a_full_scope() -> None:
     manager = ThrottlingScopeManager(
         concurrency=2,
         min_concurrency=1,
-        backoff=BackoffConfig(window=window),
+        backoff=BackoffRules(window=window),
         rampup=RampupConfig(target=(1, 1), min_delay=0.0, window=window),
     )
     scope = Scope("api", manager)

@@ -7,14 +7,14 @@ import math
 import pytest
 from scrapy.settings import Settings
 
-from slotkit.backoff import BackoffConfig
+from slotkit.backoff import BackoffRules
 from slotkit.quota import Quota
 from slotkit.rampup import RampupConfig
 from slotkit.scope import ThrottlingScopeManager
 from slotkit.settings import SettingsError, ThrottlingSettings
 
 WINDOW = 10.0
-QUIET = BackoffConfig(jitter=(0.0, 0.0), window=WINDOW, min_delay=0.1, max_delay=10.0)
+QUIET = BackoffRules(jitter=(0.0, 0.0), window=WINDOW, min_delay=0.1, max_delay=10.0)
 
 
 def rampup_scope(
@@ -29,7 +29,7 @@ def rampup_scope(
         concurrency=concurrency,
         delay=delay,
         min_concurrency=min_concurrency,
-        backoff=BackoffConfig(jitter=(0.0, 0.0), window=window, min_delay=0.1, max_delay=10.0),
+        backoff=BackoffRules(jitter=(0.0, 0.0), window=window, min_delay=0.1, max_delay=10.0),
         rampup=RampupConfig(target=target, delay_factor=0.5, min_delay=min_delay, window=window),
     )
 

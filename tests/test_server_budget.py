@@ -363,7 +363,7 @@ def test_the_budget_is_told_the_dispatch_time_it_recorded() -> None:
 
     from twisted.internet.task import Clock
 
-    from slotkit.backoff import BackoffConfig
+    from slotkit.backoff import BackoffRules
     from slotkit.feedback import Feedback
     from slotkit.outcomes import ScopeBackoff
     from slotkit.registry import Scope
@@ -372,7 +372,7 @@ def test_the_budget_is_told_the_dispatch_time_it_recorded() -> None:
     scope = Scope("api.example", manager)
     clock = Clock()
     feedback = Feedback(
-        SimpleNamespace(backoff_config=lambda _: BackoffConfig()),  # type: ignore[arg-type]
+        SimpleNamespace(backoff_config=lambda _: BackoffRules()),  # type: ignore[arg-type]
         SimpleNamespace(get=lambda _: scope),  # type: ignore[arg-type]
         SimpleNamespace(poke=lambda _: None),  # type: ignore[arg-type]
         clock,

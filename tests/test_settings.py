@@ -583,6 +583,35 @@ def test_scope_config_as_dict_is_plain():
     assert plain["min_concurrency"] == 1
 
 
+def test_scope_config_as_dict_has_the_documented_keys():
+    """docs/rampup-quotas.rst lists the keys a custom manager's config has (a probe
+    found them documented nowhere); this keeps the list and the dict together."""
+    bare = read().scope_config("a", CUSTOM).as_dict()
+    assert set(bare) == {
+        "concurrency",
+        "min_concurrency",
+        "delay",
+        "jitter",
+        "backoff",
+        "window",
+        "rampup",
+    }
+    assert bare["rampup"] is None
+    assert set(bare["backoff"]) == {
+        "http_codes",
+        "exceptions",
+        "delay_factor",
+        "max_delay",
+        "min_delay",
+        "jitter",
+        "window",
+    }
+    full = read({"THROTTLING_SCOPES": {"a": {"quota": 5, "rampup": True}}})
+    plain = full.scope_config("a", CUSTOM).as_dict()
+    assert plain["quota"] == 5.0
+    assert set(plain["rampup"]) == {"backoff_target", "delay_factor", "min_delay", "window"}
+
+
 def test_scope_manager_setting_reaches_every_scope():
     """THROTTLING_SCOPE_MANAGER is the manager of every scope, unless one names its own."""
     config = read(

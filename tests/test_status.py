@@ -11,7 +11,7 @@ import pytest_twisted
 from scrapy import Request
 from twisted.internet.task import Clock
 
-from slotkit.backoff import BackoffConfig
+from slotkit.backoff import BackoffRules
 from slotkit.downloader import Downloader
 from slotkit.registry import Scope
 from slotkit.scope import ThrottlingScopeManager
@@ -36,7 +36,7 @@ def make_scope(
     scope_id: str,
     concurrency: int = 2,
     delay: float = 0.0,
-    backoff: BackoffConfig | None = None,
+    backoff: BackoffRules | None = None,
 ) -> Scope:
     manager = ThrottlingScopeManager(concurrency=concurrency, delay=delay, backoff=backoff)
     return Scope(scope_id, manager, "domain")
@@ -113,7 +113,7 @@ def test_state_shows_a_hold_and_its_remaining_time():
 
 def test_state_shows_backoff_levels():
     """Each backoff step raises the level; the delay in force follows the backoff delay."""
-    scope = make_scope("a.example", backoff=BackoffConfig(window=WINDOW))
+    scope = make_scope("a.example", backoff=BackoffRules(window=WINDOW))
     manager = scope.manager
     manager.record_backoff(None, now=0.0)
     first = scope_state(scope, now=0.0)
@@ -126,7 +126,7 @@ def test_state_shows_backoff_levels():
 
 def test_state_applies_due_recovery_without_touching_the_scope():
     """Recovery that is due is shown, while the scope manager itself stays unchanged."""
-    scope = make_scope("a.example", backoff=BackoffConfig(window=WINDOW))
+    scope = make_scope("a.example", backoff=BackoffRules(window=WINDOW))
     manager = scope.manager
     manager.record_backoff(None, now=0.0)
     manager.record_backoff(None, now=0.0)  # 2 s
