@@ -133,4 +133,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    # No options: --help (and anything else) is answered before a server starts.
+    argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     asyncio.run(main())

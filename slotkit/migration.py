@@ -172,7 +172,10 @@ def migration_report(settings: BaseSettings) -> list[Change]:
         )
     if per_ip_limit(settings) > 0:
         reason = "CONCURRENT_REQUESTS_PER_IP needs a queue that knows IP scopes"
-        if settings.getdict("DOWNLOAD_SLOTS") and settings.getfloat("DOWNLOAD_DELAY") > 0:
+        # The delay the project ends up with: AutoThrottle's start delay counts.
+        delays = [c.value for c in changes if c.setting == "DOWNLOAD_DELAY"]
+        delay = delays[-1] if delays else settings.getfloat("DOWNLOAD_DELAY")
+        if settings.getdict("DOWNLOAD_SLOTS") and delay > 0:
             reason += (
                 "\nrequests with a download_slot also keep their address's DOWNLOAD_DELAY "
                 "(Scrapy let them skip the per-IP slot): see docs/migration.rst"

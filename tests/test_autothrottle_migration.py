@@ -186,6 +186,14 @@ def test_migrate_warns_that_download_slots_keep_the_address_pace_per_ip() -> Non
     assert "download_slot also keep their address's DOWNLOAD_DELAY" in text
     quiet = format_report(migration_report(Settings({"CONCURRENT_REQUESTS_PER_IP": 3})))
     assert "download_slot" not in quiet
+    # A docs probe: a delay that comes from AUTOTHROTTLE_START_DELAY got no note.
+    autothrottled = {
+        "AUTOTHROTTLE_ENABLED": True,
+        "CONCURRENT_REQUESTS_PER_IP": 3,
+        "DOWNLOAD_SLOTS": {"bulk": {"delay": 0.5}},
+    }
+    text = format_report(migration_report(Settings(autothrottled, priority="project")))
+    assert "download_slot also keep their address's DOWNLOAD_DELAY" in text
 
 
 def test_the_warning_says_when_the_start_delay_is_slower_than_the_projects_own(
