@@ -21,7 +21,23 @@ if TYPE_CHECKING:
     from slotkit.quota import Quota
     from slotkit.rampup import Rampup
 
-__all__ = ["ScopeFeedback"]
+__all__ = ["ScopeFeedback", "quiet_window_end"]
+
+
+def quiet_window_end(now: float, next_allowed: float, window: float) -> float:
+    """When a scope triggered at *now* recovers one step, if nothing triggers it again.
+
+    Normally a full *window* after the trigger. But a window in which the
+    scope may not send at all (its backoff gap or a hold runs past it) is not
+    quiet, only idle: counting it, a delay longer than the window stepped back
+    down before its next request went, so with the defaults (window 60 s,
+    ``max_delay`` 300 s) a dead site was asked every 60 s and the cap was never
+    reached (a probe: gaps 1, 2, ... 32, 60, 60, 60). The countdown then starts
+    when the scope may send again.
+    """
+    if next_allowed <= now + window:
+        return now + window
+    return next_allowed + window
 
 
 class ScopeFeedback:
@@ -51,6 +67,9 @@ class ScopeFeedback:
 
         @property
         def current_delay(self) -> float: ...
+
+        @property
+        def next_allowed(self) -> float: ...
 
         def _draw_factor(self) -> float: ...
 
@@ -96,7 +115,7 @@ class ScopeFeedback:
             if self.last_sent is not None and now > self.last_sent:
                 self.last_sent = now
         if self.backoff_delay is not None and self.backoff.window > 0:
-            self.recovers_at = now + self.backoff.window
+            self.recovers_at = quiet_window_end(now, self.next_allowed, self.backoff.window)
 
     def reconcile_quota(
         self, consumed: float | None = None, remaining: float | None = None, now: float = 0.0

@@ -110,18 +110,40 @@ def test_a_step_after_a_slow_failure_still_waits_its_delay() -> None:
 
 
 def test_wait_never_passes_the_next_recovery() -> None:
-    """A long backoff gap is re-asked at the recovery time, which may shorten it."""
-    config = BackoffRules(jitter=(0.0, 0.0), window=10.0, min_delay=100.0, max_delay=300.0)
+    """A backoff gap is re-asked at the recovery time, which may shorten it."""
+    config = BackoffRules(jitter=(0.0, 0.0), window=10.0, min_delay=4.0, max_delay=300.0)
     scope = make_scope(backoff=config)
     scope.record_sent(0.0)
     scope.record_done(0.0)  # the gap after a scope's first request runs from its end
     scope.record_backoff(None, now=0.0)
     scope.record_backoff(None, now=0.0)
-    assert scope.backoff_delay == 200.0
-    assert scope.can_send(1.0) == pytest.approx(9.0)
-    # After the recovery at 10 s the delay is 100 s: the gap ends at 100 s, recovery
-    # to the base delay at 20 s comes first.
-    assert scope.can_send(10.0) == pytest.approx(10.0)
+    assert scope.backoff_delay == 8.0
+    assert scope.can_send(1.0) == pytest.approx(7.0)
+    scope.can_send(10.0)  # one quiet window: 4 s, whose gap has ended
+    assert scope.backoff_delay == 4.0
+    assert scope.can_send(10.0) == 0.0
+
+
+def test_a_gap_longer_than_the_window_is_not_a_quiet_window() -> None:
+    """A probe: with window 60 s and max_delay 300 s, an always-503 site was asked
+    every 60 s (1, 2 ... 32, 60, 60): each 64 s gap stepped down before it ended.
+    A window the scope could not send in does not count as quiet."""
+    config = BackoffRules(jitter=(0.0, 0.0), window=60.0, max_delay=300.0)
+    scope = make_scope(backoff=config)
+    scope.record_sent(-10.0)
+    scope.record_done(-10.0)
+    now, gaps = 0.0, []
+    for _ in range(12):  # every request fails at once
+        scope.record_sent(now)
+        scope.record_backoff(None, now=now)
+        scope.record_done(now)
+        sent = now
+        wait = scope.can_send(now)
+        while wait > 0:  # ask again when told, as the gate does
+            now += wait
+            wait = scope.can_send(now)
+        gaps.append(round(now - sent, 6))
+    assert gaps == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0, 300.0]
 
 
 def test_hint_holds_without_stepping() -> None:

@@ -658,7 +658,18 @@ if op == 'backoff' then
     if outcome ~= 'dup' then
       st.rt = st.rt + 1
       if st.bo > 0 then
-        if bwin > 0 then st.rec = now + bwin else st.rec = 0 end
+        if bwin > 0 then
+          -- A window the scope may not send in (its new gap or a hold runs
+          -- past it) is not quiet: the countdown starts when it may send
+          -- again, or a gap longer than the window would never be reached.
+          local ready = st.hold
+          if outcome == 'step' and now + max(base, st.bo) > ready then
+            ready = now + max(base, st.bo)
+          end
+          if ready > now + bwin then st.rec = ready + bwin else st.rec = now + bwin end
+        else
+          st.rec = 0
+        end
       end
     end
     save(skey, st, key_ttl)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from slotkit.rampup import lowered_delay
+from slotkit.scope_feedback import quiet_window_end
 from slotkit.shared.twin_keys import (
     CLAIM,
     FIELDS,
@@ -230,7 +231,11 @@ class TwinStore(TwinKeys):
                 if outcome != "dup":
                     st.rt = st.rt + 1
                     if st.bo > 0:
-                        st.rec = now + bwin if bwin > 0 else 0.0
+                        # A window the scope may not send in is not quiet (see the script).
+                        ready = st.hold
+                        if outcome == "step":
+                            ready = max(ready, now + max(base, st.bo))
+                        st.rec = quiet_window_end(now, ready, bwin) if bwin > 0 else 0.0
                 save(skey, st, key_ttl)
                 reply += [outcome, fmt(st.bo)]
             return reply
