@@ -25,6 +25,7 @@ from twisted.internet.defer import Deferred
 
 from slotkit.clock import default_clock
 from slotkit.closing import REQUEUED, SpiderClosing, restore_filtering
+from slotkit.crowding import CrowdingWatch
 from slotkit.dns import AddressLookups
 from slotkit.feedback import Feedback
 from slotkit.gate import Gate
@@ -36,11 +37,11 @@ from slotkit.manager import (
 )
 from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
-from slotkit.registry import ScopeRegistry
+from slotkit.registry import Scope, ScopeRegistry
 from slotkit.request_path import ABSENT, RequestPath, request_delay_left
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
-from slotkit.scheduler import check_priority_queue
+from slotkit.scheduler import check_priority_queue, uses_throttling_scheduler
 from slotkit.scope_control import ScopeControl
 from slotkit.scope_managers import check_scope_managers
 from slotkit.setting_names import warn_unknown_setting_names
@@ -149,6 +150,18 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self._default_get_scopes = type(self.manager).get_scopes is ThrottlingManager.get_scopes
         #: THROTTLING_DEBUG only: recoveries already logged, per scope id.
         self._recoveries_seen: dict[str, int] = {}
+        #: Scrapy's own scheduler only: says once when slowed sites fill every place.
+        self._crowding = (
+            None
+            if uses_throttling_scheduler(crawler.settings) or not self.total_concurrency
+            else CrowdingWatch(
+                self._clock,
+                self.total_concurrency,
+                self.active,
+                self._live_scopes,
+                self._resending,
+            )
+        )
 
     @property
     def clock(self) -> IReactorTime:
@@ -194,7 +207,15 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
 
     def needs_backout(self) -> bool:
         """True when ``CONCURRENT_REQUESTS`` requests are already in the downloader (0: no cap)."""
-        return 0 < self.total_concurrency <= len(self.active)
+        full = 0 < self.total_concurrency <= len(self.active)
+        if full and self._crowding is not None:
+            self._crowding.check()
+        return full
+
+    def _live_scopes(self, request: Request) -> list[Scope]:
+        """The live scopes *request* went through on its last trip."""
+        peek = self.registry.peek
+        return [scope for scope in map(peek, self._scope_ids.get(request, ())) if scope]
 
     def close(self) -> None:
         """Fail what still waits at the gate, cancel every timer, save states to JOBDIR."""
@@ -204,6 +225,8 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         if self._lookups is not None:
             self._lookups.close()  # after the gate: what it releases must meet it closed
         self.status.stop()
+        if self._crowding is not None:
+            self._crowding.stop()
         self.stats.set("scopes_alive", len(self.slots))
         recoveries = self._evicted_recoveries + sum(
             int(getattr(scope.manager, "recoveries", 0)) for scope in self.registry.values()

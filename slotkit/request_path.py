@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from scrapy.signalmanager import SignalManager
     from twisted.internet.interfaces import IReactorTime
 
+    from slotkit.crowding import CrowdingWatch
     from slotkit.dns import AddressLookups
     from slotkit.feedback import Feedback
     from slotkit.gate import Gate, Waiter
@@ -80,6 +81,7 @@ class RequestPath:
     _lookups: AddressLookups | None
     _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
     _resending: WeakSet[Request]
+    _crowding: CrowdingWatch | None
     _lent_dont_retry: WeakKeyDictionary[Request, object]
     _default_get_scopes: bool
     _get_scopes: Callable[[Request], Any]
@@ -193,6 +195,8 @@ class RequestPath:
                     return response
                 answered = uncounted = response
                 self._resending.add(request)
+                if self._crowding is not None:
+                    self._crowding.soon()
         finally:
             self._resending.discard(request)
             if uncounted is not None:

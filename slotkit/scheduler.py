@@ -263,9 +263,7 @@ def check_priority_queue(settings: BaseSettings) -> None:
     per_ip = per_ip_limit(settings)
     if not per_ip:
         return
-    scheduler = _loaded(settings.get("SCHEDULER"))
-    # Not issubclass(): Scrapy's scheduler metaclass makes every scheduler pass it.
-    if isinstance(scheduler, type) and ThrottlingAwareScheduler in scheduler.__mro__:
+    if uses_throttling_scheduler(settings):
         return  # it swaps Scrapy's queues for its own
     queue = _loaded(settings.get("SCHEDULER_PRIORITY_QUEUE"))
     if isinstance(queue, type) and issubclass(queue, DownloaderAwarePriorityQueue):
@@ -287,6 +285,13 @@ def check_priority_queue(settings: BaseSettings) -> None:
             f"{PRIORITY_QUEUE_PATH!r}, which balances slots the same way and supports them "
             "(or enable ADDONS = {'slotkit.Addon': 0}, or set CONCURRENT_REQUESTS_PER_IP = 0)."
         )
+
+
+def uses_throttling_scheduler(settings: BaseSettings) -> bool:
+    """Whether ``SCHEDULER`` is :class:`ThrottlingAwareScheduler` or a subclass."""
+    scheduler = _loaded(settings.get("SCHEDULER"))
+    # Not issubclass(): Scrapy's scheduler metaclass makes every scheduler pass it.
+    return isinstance(scheduler, type) and ThrottlingAwareScheduler in scheduler.__mro__
 
 
 def _use_throttling_queue(settings: BaseSettings) -> None:

@@ -316,3 +316,25 @@ async def test_held_requests_survive_pause_and_resume(mock_site: MockSite, tmp_p
     assert second.stats["scheduler/dequeued/disk"] == 4
     assert second.stats.get("dupefilter/filtered", 0) == 0
     assert mock_site.recorder.paths(SLOW_HOST) == [f"/page/{n}" for n in range(5)]
+
+
+@pytest.mark.parametrize("settings", [BASE, AWARE], ids=["stock scheduler", "aware"])
+@pytest_twisted.ensureDeferred
+async def test_a_warning_when_a_slowed_site_fills_the_downloader(
+    mock_site: MockSite, settings: dict[str, Any]
+) -> None:
+    """A probe: with DOWNLOADER alone, a site answering 429 held every
+    CONCURRENT_REQUESTS place for 12 s and healthy sites got nothing, with no
+    word in the log. Scrapy's scheduler: one WARNING naming the site and the
+    fix. slotkit's scheduler keeps such requests out of the downloader: none."""
+    from tests.server import fail_first
+
+    mock_site.set_behaviour(SLOW_HOST, fail_first(4, 429, {"Retry-After": "1"}))
+    urls = pages(mock_site, SLOW_HOST, 4) + pages(mock_site, FAST_HOST, 2)
+    result = await run_crawl(ListSpider, {**settings, "CONCURRENT_REQUESTS": 2}, urls=urls)
+    assert len(result.responses) == 6
+    warned = "CONCURRENT_REQUESTS places are held by requests waiting" in result.log_text
+    assert warned is (settings is BASE)
+    if warned:
+        assert f"{SLOW_HOST} (" in result.log_text
+        assert result.log_text.count("places are held by requests waiting") == 1
