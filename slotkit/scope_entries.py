@@ -263,3 +263,38 @@ def slot_entry(key: str, entry: object) -> dict[str, Any]:
         elif name == "randomize_delay" and "jitter" not in entry:
             result["jitter"] = parse_jitter(f"{where}['randomize_delay']", bool(value))
     return result
+
+
+_WARNED_QUOTAS: set[str] = set()
+
+
+def warn_serial_quotas(
+    scopes: Mapping[str, Mapping[str, Any]], default: int, manager: type | None
+) -> None:
+    """Say (once per scope) when a quota scope will send one request at a time.
+
+    A scope that is not a site (``"api"``, ``"cost"``) takes its concurrency
+    from ``THROTTLING_SCOPE_CONCURRENCY``, 1 by default, as the spec says;
+    given a quota and no ``concurrency``, it then spends its quota one
+    response time at a time. A probe: 20 units per 2 s with 0.5 s answers
+    spent 2 units a second, a fifth of it, with nothing said.
+    """
+    if default != 1 or manager is not None:
+        return  # the user chose a default, or a manager of their own decides
+    # Here, not at the top: slotkit.scope_ids imports slotkit.settings, which imports us.
+    from slotkit.scope_ids import scope_kind
+    from slotkit.settings import CUSTOM
+
+    for scope, entry in scopes.items():
+        if "quota" not in entry or "concurrency" in entry or "manager" in entry:
+            continue
+        if scope in _WARNED_QUOTAS or scope_kind(scope) != CUSTOM:
+            continue
+        _WARNED_QUOTAS.add(scope)
+        logger.warning(
+            "slotkit: THROTTLING_SCOPES[%r] has a quota but no 'concurrency': a scope that "
+            "is not a site sends one request at a time (THROTTLING_SCOPE_CONCURRENCY = 1), "
+            "which can spend far less than the quota; give it a 'concurrency' (say 8) to "
+            "spend it faster",
+            scope,
+        )

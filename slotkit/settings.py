@@ -27,6 +27,7 @@ from slotkit.scope_entries import (
     positive,
     slot_entry,
     validate_scope_entry,
+    warn_serial_quotas,
 )
 from slotkit.validation import (
     NO_JITTER,
@@ -57,6 +58,11 @@ __all__ = [
 ]
 
 
+#: The backoff ``min_delay`` of a rampup scope whose rampup has none and that
+#: chose none (seconds): steps start near the rate rampup reached.
+RAMPUP_BACKOFF_FLOOR = 0.01
+#: The backoff ``delay_factor`` of a rampup scope that chose none.
+RAMPUP_BACKOFF_FACTOR = 1.25
 #: Source of a concurrency that ``CONCURRENT_REQUESTS`` capped.
 CAPPED_SOURCE = "CONCURRENT_REQUESTS (cap)"
 #: Key of ``ScopeConfig.sources`` saying where a capped concurrency came from.
@@ -209,6 +215,10 @@ class ThrottlingSettings:
     autothrottle: AutoThrottleMapping | None = None
     #: ``THROTTLING_REDIS_TIMEOUT``, checked with or without a store.
     redis_timeout: float = 0.25
+    #: Whether ``BACKOFF_MIN_DELAY`` / ``BACKOFF_DELAY_FACTOR`` were set (rampup scopes
+    #: otherwise take smaller steps, see ``_rampup_backoff``).
+    backoff_min_delay_set: bool = False
+    backoff_factor_set: bool = False
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ThrottlingSettings:
@@ -256,8 +266,10 @@ class ThrottlingSettings:
             delay = autothrottle.delay
         # Read even while ROBOTSTXT_OBEY is off, so a bad value fails there too.
         obey_slotkit = as_bool(settings, "THROTTLING_ROBOTSTXT_OBEY", True)
-        return cls(
+        config = cls(
             autothrottle=autothrottle,
+            backoff_min_delay_set=settings.get("BACKOFF_MIN_DELAY") is not None,
+            backoff_factor_set=settings.get("BACKOFF_DELAY_FACTOR") is not None,
             domain_grouping=grouping,
             robots_obey=as_bool(settings, "ROBOTSTXT_OBEY") and obey_slotkit,
             redis_timeout=check_redis_settings(settings),
@@ -320,6 +332,8 @@ class ThrottlingSettings:
                 else load_class("THROTTLING_SCOPE_MANAGER", scope_manager)
             ),
         )
+        warn_serial_quotas(config.scopes, config.scope_concurrency, config.scope_manager)
+        return config
 
     def backoff_config(self, scope: str) -> BackoffRules:
         """The backoff rules of *scope*: its ``"backoff"`` overrides, else the globals."""
@@ -379,19 +393,46 @@ class ThrottlingSettings:
             # Robots.txt keeps a value configured for this scope, capped or not.
             sources[UNCAPPED_CONCURRENCY_SOURCE] = sources.get("concurrency", "default")
             sources["concurrency"] = CAPPED_SOURCE
+        rampup = self._rampup_config(values["rampup"])
+        backoff = self.backoff_config(scope)
+        if rampup is not None:
+            backoff = self._rampup_backoff(scope, backoff, rampup)
         return ScopeConfig(
             concurrency=concurrency,
             delay=values["delay"],
             jitter=values["jitter"],
             min_concurrency=min(values["min_concurrency"], concurrency),
             manager=values["manager"],
-            backoff=self.backoff_config(scope),
+            backoff=backoff,
             quota=values["quota"],
             window=values["window"],
-            rampup=self._rampup_config(values["rampup"]),
+            rampup=rampup,
             ignore_robots_txt=values["ignore_robots_txt"],
             sources=sources,
         )
+
+    def _rampup_backoff(
+        self, scope: str, backoff: BackoffRules, rampup: RampupConfig
+    ) -> BackoffRules:
+        """The backoff of a rampup scope: small steps around the rate it found.
+
+        Rampup probes for the rate itself, so a step goes from where it is:
+        falling to ``BACKOFF_MIN_DELAY``'s 1 s and back by halves made a
+        probe's scope swing between 1 request a second and full speed (2.3 of
+        10 allowed per second). What the user chose, globally or for the
+        scope, stays.
+        """
+        entry = self.scopes.get(scope, {}).get("backoff")
+        chosen = set(entry) if isinstance(entry, Mapping) else set()
+        min_delay, factor = backoff.min_delay, backoff.delay_factor
+        if "min_delay" not in chosen and not self.backoff_min_delay_set:
+            floor = rampup.min_delay if rampup.min_delay > 0 else RAMPUP_BACKOFF_FLOOR
+            min_delay = min(min_delay, floor)
+        if "delay_factor" not in chosen and not self.backoff_factor_set:
+            factor = min(factor, RAMPUP_BACKOFF_FACTOR)
+        if (min_delay, factor) == (backoff.min_delay, backoff.delay_factor):
+            return backoff
+        return replace(backoff, min_delay=min_delay, delay_factor=factor)
 
     def _rampup_config(self, entry: Mapping[str, Any] | None) -> RampupConfig | None:
         if entry is None:

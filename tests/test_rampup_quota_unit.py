@@ -353,3 +353,59 @@ def test_quota_available_is_what_is_left_of_the_quota() -> None:
     manager.record_sent(0.0, 3.0)
     assert manager.quota_available(1.0) == 7.0
     assert ThrottlingScopeManager(concurrency=10).quota_available(0.0) is None
+
+
+def _simulate_rampup(settings: dict[str, object], seconds: float = 80.0) -> tuple[float, float]:
+    """A rampup scope against a server allowing 10 requests a second (token bucket,
+    burst 2, 50 ms answers), on virtual time, with the gate's burst rule (a response
+    to a request sent before the last step is not a new trigger). Returns the 200s
+    per second and the 429s per window over the second half."""
+    import heapq
+    import random
+
+    from slotkit.settings import DOMAIN
+
+    random.seed(7)
+    config = ThrottlingSettings.from_settings(Settings(settings)).scope_config("api.test", DOMAIN)
+    scope = ThrottlingScopeManager.from_crawler(None, config.as_dict())  # type: ignore[arg-type]
+    rate, burst, latency, window = 10.0, 2.0, 0.05, config.backoff.window
+    now, tokens, refilled, step_started = 0.0, burst, 0.0, -math.inf
+    pending: list[tuple[float, float, int]] = []  # (answered at, sent at, status)
+    answered: list[tuple[float, int]] = []
+    while now < seconds:
+        while pending and pending[0][0] <= now:
+            at, sent, status = heapq.heappop(pending)
+            if status == 429 and sent >= step_started:
+                scope.record_backoff(None, at)
+                step_started = at
+            scope.record_done(at)
+            answered.append((at, status))
+        wait = scope.can_send(now)
+        if wait <= 0:
+            tokens = min(burst, tokens + (now - refilled) * rate)
+            refilled = now
+            status = 200 if tokens >= 1.0 else 429
+            tokens -= status == 200
+            scope.record_sent(now)
+            heapq.heappush(pending, (now + latency, now, status))
+            continue
+        now = min(pending[0][0] if pending else math.inf, now + wait)
+    half = [(at, status) for at, status in answered if at >= seconds / 2]
+    ok = sum(status == 200 for _, status in half) / (seconds / 2)
+    limited = sum(status == 429 for _, status in half) / ((seconds / 2) / window)
+    return ok, limited
+
+
+def test_rampup_alone_finds_the_rate_a_server_allows() -> None:
+    """A polite-crawler probe: "rampup": True with everything else default reached 2.3
+    of 10 requests a second allowed: a trigger beyond the target dropped the scope to
+    BACKOFF_MIN_DELAY's 1 s and one quiet window took it back to full speed. A rampup
+    scope now steps from where it is (floor 10 ms, factor 1.25) unless the user set
+    those: about the allowed rate, about its target of 429s per window."""
+    ramp = {"BACKOFF_WINDOW": 2.0, "THROTTLING_SCOPES": {"api.test": {"rampup": True}}}
+    ok, limited = _simulate_rampup(ramp)
+    assert ok >= 9.0
+    assert limited <= 4.0
+    # BACKOFF_MIN_DELAY set by the user is kept, and so is its swing.
+    chosen, _ = _simulate_rampup({**ramp, "BACKOFF_MIN_DELAY": 1.0, "BACKOFF_DELAY_FACTOR": 2})
+    assert chosen < 6.0

@@ -738,3 +738,22 @@ def test_a_python_literal_on_the_command_line_is_told_what_json_wants():
     # Valid JSON that is no object gets no quoting advice.
     message = refuse({"THROTTLING_SCOPES": '["a", 1]'})
     assert "valid JSON, but not an object" in message
+
+
+def test_a_quota_scope_without_concurrency_is_told_it_sends_one_at_a_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An API-user probe: {"api": {"quota": 20, "window": 2}} with 0.5 s answers spent
+    a fifth of the quota (concurrency 1, THROTTLING_SCOPE_CONCURRENCY's default) with
+    nothing said. Sites, scopes given a concurrency or a default, and managers of
+    their own are not told."""
+    with caplog.at_level(logging.WARNING, logger="slotkit"):
+        read({"THROTTLING_SCOPES": {"serial-api": {"quota": 20, "window": 2}}})
+        read({"THROTTLING_SCOPES": {"serial-api": {"quota": 20, "window": 2}}})
+    assert caplog.text.count("THROTTLING_SCOPES['serial-api'] has a quota but no") == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="slotkit"):
+        read({"THROTTLING_SCOPES": {"api.example.com": {"quota": 20}}})
+        read({"THROTTLING_SCOPES": {"sized-api": {"quota": 20, "concurrency": 4}}})
+        read({"THROTTLING_SCOPES": {"default-api": {"quota": 20}}}, THROTTLING_SCOPE_CONCURRENCY=4)
+    assert "has a quota but no" not in caplog.text

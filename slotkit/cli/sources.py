@@ -106,6 +106,12 @@ def _backoff_values(context: ExplainContext, scope: str, resolved: ScopeConfig) 
             )
         elif key == "max_delay" and _autothrottle_max_delay(context) is not None:
             source = "AUTOTHROTTLE_MAX_DELAY (AutoThrottle mapping)"
+        elif (
+            key in ("min_delay", "delay_factor")
+            and resolved.rampup is not None
+            and value != getattr(context.config.backoff, key)
+        ):
+            source = f"rampup's smaller steps ({_BACKOFF_SETTINGS[key]} not set)"
         else:
             setting = _BACKOFF_SETTINGS[key]
             source = f"{setting} ({_origin(context.settings, setting)})"
