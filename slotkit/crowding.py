@@ -38,6 +38,8 @@ CHECK_EVERY = 1.0
 #: Seconds from a re-send's start to the look it asks for: the rest of a burst
 #: of rate-limited answers arrives in that time.
 SETTLE = 0.2
+#: The least backoff delay (seconds) that counts as a server slowing a scope down.
+SLOWED_DELAY = 0.5
 #: The share of the places that must be held by slowed-down scopes' waiting requests.
 CROWDED_SHARE = 0.5
 
@@ -74,7 +76,12 @@ class CrowdingWatch:
         self._look_call = self._clock.callLater(SETTLE, self._look)
 
     def stop(self) -> None:
-        """Cancel a pending look (the downloader closes)."""
+        """Cancel a pending look and look no more (the downloader closes).
+
+        A request in flight at close may still be answered 429 and ask for a
+        look (a review found the timer left behind); ``warned`` turns that away.
+        """
+        self.warned = True
         if self._look_call is not None and self._look_call.active():
             self._look_call.cancel()
         self._look_call = None
@@ -114,7 +121,8 @@ class CrowdingWatch:
         logger.warning(
             "slotkit: %d of the %d CONCURRENT_REQUESTS places are held by requests waiting "
             "for scopes a server slowed down (%s); requests for other sites cannot reach the "
-            "downloader until those go. To keep such requests in the scheduler instead, set "
+            "downloader until those go (in a crawl of one site this costs nothing). To keep "
+            "such requests in the scheduler instead, set "
             "SCHEDULER = 'slotkit.ThrottlingAwareScheduler' and SCHEDULER_PRIORITY_QUEUE = "
             "'slotkit.ThrottlingAwarePriorityQueue', or ADDONS = {'slotkit.Addon': 0} "
             "(docs/scheduling.rst). Logged once.",
@@ -125,9 +133,17 @@ class CrowdingWatch:
 
 
 def _slowed(scope: Scope, now: float) -> bool:
-    """Whether a server's answer is slowing *scope* down now (backoff or a hold)."""
+    """Whether a server's answer is slowing *scope* down now: a hold, or a backoff
+    delay of :data:`SLOWED_DELAY` or more above the scope's own (a rampup scope's
+    small steps around the rate it found are its normal pace, not a slowdown)."""
     manager = scope.manager
-    if getattr(manager, "backoff_delay", None) is not None:
-        return True
     hold_until = getattr(manager, "hold_until", None)
-    return isinstance(hold_until, (int, float)) and hold_until > now
+    if isinstance(hold_until, (int, float)) and hold_until > now:
+        return True
+    backoff_delay = getattr(manager, "backoff_delay", None)
+    delay = getattr(manager, "delay", 0.0)
+    return (
+        isinstance(backoff_delay, (int, float))
+        and backoff_delay >= SLOWED_DELAY
+        and backoff_delay > (delay if isinstance(delay, (int, float)) else 0.0)
+    )

@@ -269,7 +269,11 @@ _WARNED_QUOTAS: set[str] = set()
 
 
 def warn_serial_quotas(
-    scopes: Mapping[str, Mapping[str, Any]], default: int, manager: type | None
+    scopes: Mapping[str, Mapping[str, Any]],
+    slots: Mapping[str, Mapping[str, Any]],
+    default: int,
+    manager: type | None,
+    total: int,
 ) -> None:
     """Say (once per scope) when a quota scope will send one request at a time.
 
@@ -279,8 +283,8 @@ def warn_serial_quotas(
     response time at a time. A probe: 20 units per 2 s with 0.5 s answers
     spent 2 units a second, a fifth of it, with nothing said.
     """
-    if default != 1 or manager is not None:
-        return  # the user chose a default, or a manager of their own decides
+    if default != 1 or manager is not None or total == 1:
+        return  # a default chosen, a manager of their own, or one request at a time anyway
     # Here, not at the top: slotkit.scope_ids imports slotkit.settings, which imports us.
     from slotkit.scope_ids import scope_kind
     from slotkit.settings import CUSTOM
@@ -288,6 +292,8 @@ def warn_serial_quotas(
     for scope, entry in scopes.items():
         if "quota" not in entry or "concurrency" in entry or "manager" in entry:
             continue
+        if "concurrency" in slots.get(scope, {}):
+            continue  # DOWNLOAD_SLOTS gives it one
         if scope in _WARNED_QUOTAS or scope_kind(scope) != CUSTOM:
             continue
         _WARNED_QUOTAS.add(scope)

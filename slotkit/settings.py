@@ -332,7 +332,13 @@ class ThrottlingSettings:
                 else load_class("THROTTLING_SCOPE_MANAGER", scope_manager)
             ),
         )
-        warn_serial_quotas(config.scopes, config.scope_concurrency, config.scope_manager)
+        warn_serial_quotas(
+            config.scopes,
+            config.slots,
+            config.scope_concurrency,
+            config.scope_manager,
+            config.total_concurrency,
+        )
         return config
 
     def backoff_config(self, scope: str) -> BackoffRules:
@@ -395,7 +401,9 @@ class ThrottlingSettings:
             sources["concurrency"] = CAPPED_SOURCE
         rampup = self._rampup_config(values["rampup"])
         backoff = self.backoff_config(scope)
-        if rampup is not None:
+        if rampup is not None and sources.get("rampup") != AUTOTHROTTLE_SOURCE:
+            # Not for the AutoThrottle mapping's rampup, which every site of a
+            # polite crawl gets: their backoff stays as steep as configured.
             backoff = self._rampup_backoff(scope, backoff, rampup)
         return ScopeConfig(
             concurrency=concurrency,

@@ -312,6 +312,23 @@ def test_hold_scope_of_a_host_holds_its_registrable_domain_group(named):
     downloader.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_429_answered_after_close_leaves_no_timer():
+    """A review: a request in flight at close answered 429 asked the crowding
+    watch for a look after close() had cancelled its timer; it stayed behind."""
+    downloader, clock = make_downloader({"RETRY_ENABLED": True, "CONCURRENT_REQUESTS": 2})
+    handler = handler_of(downloader)
+    request = Request("https://a.example/1")
+    outcome(downloader.fetch(request))
+    await settle()
+    assert handler.started == [request.url]
+    downloader.close()
+    await settle()
+    handler.finish(request.url, 429)
+    await settle()
+    assert clock.getDelayedCalls() == []
+
+
 # ----------------------------------------------------------------- fetch, driven by hand
 
 

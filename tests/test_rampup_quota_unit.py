@@ -409,3 +409,28 @@ def test_rampup_alone_finds_the_rate_a_server_allows() -> None:
     # BACKOFF_MIN_DELAY set by the user is kept, and so is its swing.
     chosen, _ = _simulate_rampup({**ramp, "BACKOFF_MIN_DELAY": 1.0, "BACKOFF_DELAY_FACTOR": 2})
     assert chosen < 6.0
+
+
+def test_smaller_rampup_steps_only_where_the_user_asked_for_rampup() -> None:
+    """A review: the AutoThrottle mapping turns rampup on for every site of a crawl
+    that may not own them; those keep the configured backoff steps."""
+    from slotkit.settings import DOMAIN
+
+    asked = ThrottlingSettings.from_settings(
+        Settings({"THROTTLING_SCOPES": {"api.test": {"rampup": True}}})
+    ).scope_config("api.test", DOMAIN)
+    assert (asked.backoff.min_delay, asked.backoff.delay_factor) == (0.01, 1.25)
+    mapped = ThrottlingSettings.from_settings(
+        Settings({"AUTOTHROTTLE_ENABLED": True})
+    ).scope_config("site.test", DOMAIN)
+    assert mapped.rampup is not None
+    assert (mapped.backoff.min_delay, mapped.backoff.delay_factor) == (1.0, 2.0)
+    own = ThrottlingSettings.from_settings(
+        Settings(
+            {
+                "THROTTLING_SCOPES": {"api.test": {"rampup": {"min_delay": 0.2}}},
+                "BACKOFF_DELAY_FACTOR": 3.0,
+            }
+        )
+    ).scope_config("api.test", DOMAIN)
+    assert (own.backoff.min_delay, own.backoff.delay_factor) == (0.2, 3.0)

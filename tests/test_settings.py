@@ -756,4 +756,11 @@ def test_a_quota_scope_without_concurrency_is_told_it_sends_one_at_a_time(
         read({"THROTTLING_SCOPES": {"api.example.com": {"quota": 20}}})
         read({"THROTTLING_SCOPES": {"sized-api": {"quota": 20, "concurrency": 4}}})
         read({"THROTTLING_SCOPES": {"default-api": {"quota": 20}}}, THROTTLING_SCOPE_CONCURRENCY=4)
+        read(
+            {
+                "THROTTLING_SCOPES": {"slot-api": {"quota": 20}},
+                "DOWNLOAD_SLOTS": {"slot-api": {"concurrency": 4}},
+            }
+        )
+        read({"THROTTLING_SCOPES": {"one-api": {"quota": 20}}, "CONCURRENT_REQUESTS": 1})
     assert "has a quota but no" not in caplog.text

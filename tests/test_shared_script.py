@@ -449,3 +449,22 @@ def test_a_gap_longer_than_the_window_is_not_a_quiet_window(client, store):
     reply = run(keys("s"), acquire_argv(t + 6.0, "w", "l2", [s]))
     assert reply[0] == "ok"  # reserved: for the end of the 8 s gap, not now
     assert float(reply[2]) == pytest.approx(8.03 - 6.0)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_trigger_within_the_rampup_target_keeps_a_long_gap_whole(client, store):
+    """A review: a trigger that took no step (within rampup's target) counted the
+    quiet window from itself, inside an 8 s gap, so the gap stepped down before it
+    ended; in one process the window starts when the gap ends."""
+    run = store_runner(client, store)
+    r = {"delay": 1.0, "concurrency": 1, "rampup": True, "rhigh": 2, "rwin": 2.0, "rmin": 0.0}
+    t = 1_700_000_000.0
+    assert run(keys("r"), acquire_argv(t, "w", "l1", [r]))[0] == "ok"
+    outcomes = [
+        run(keys("r"), backoff_argv(t + 0.01 * i, "w", -1.0, 0.0, bwin=5.0, scope=r))[2:4]
+        for i in range(1, 6)
+    ]
+    assert outcomes[-1] == ["step", fmt(8.0)]
+    assert run(keys("r"), backoff_argv(t + 2.5, "w", -1.0, 0.0, bwin=5.0, scope=r))[2] == "ramp"
+    # At t + 7.6, 0.45 s before the 8 s gap ends, no quiet window has passed yet.
+    assert run(keys("r"), backoff_argv(t + 7.6, "w", 0.0, 0.0, bwin=5.0, scope=r))[3] == fmt(8.0)

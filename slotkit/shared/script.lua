@@ -662,7 +662,7 @@ if op == 'backoff' then
           -- A window the scope may not send in (its new gap or a hold runs
           -- past it) is not quiet: the countdown starts when it may send
           -- again, or a gap longer than the window would never be reached.
-          local ready = st.hold
+          local ready = max(st.hold, st.tat)
           if outcome == 'step' and now + max(base, st.bo) > ready then
             ready = now + max(base, st.bo)
           end

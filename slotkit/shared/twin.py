@@ -232,7 +232,7 @@ class TwinStore(TwinKeys):
                     st.rt = st.rt + 1
                     if st.bo > 0:
                         # A window the scope may not send in is not quiet (see the script).
-                        ready = st.hold
+                        ready = max(st.hold, st.tat)
                         if outcome == "step":
                             ready = max(ready, now + max(base, st.bo))
                         st.rec = quiet_window_end(now, ready, bwin) if bwin > 0 else 0.0
