@@ -17,10 +17,10 @@ fresh process (one reactor per process), against a freshly started nginx
     and gentle backoff on the site's scope, ``BACKOFF_WINDOW`` = ``--window``.
 ``slotkit rampup=True`` (opt-in: ``--setups slotkit-bare``)
     ``THROTTLING_SCOPES = {"127.0.0.1": {"rampup": True}}`` and the same
-    ``BACKOFF_WINDOW``, everything else at slotkit's defaults. It shows why
-    the run above overrides the backoff: with the global ``BACKOFF_MIN_DELAY``
-    of 1 s every 429 drops the scope to 1 request/s for a whole window, and
-    the crawl takes minutes.
+    ``BACKOFF_WINDOW``, everything else at slotkit's defaults: a rampup scope
+    then backs off in small steps (floor 0.01 s, factor 1.25). Before that
+    default, the global ``BACKOFF_MIN_DELAY`` of 1 s dropped the scope to
+    1 request/s for a whole window per 429, and the crawl took minutes.
 ``stock defaults``
     Scrapy's own downloader and defaults (8 requests per domain, no delay).
 ``stock AutoThrottle``

@@ -468,3 +468,20 @@ def test_a_trigger_within_the_rampup_target_keeps_a_long_gap_whole(client, store
     assert run(keys("r"), backoff_argv(t + 2.5, "w", -1.0, 0.0, bwin=5.0, scope=r))[2] == "ramp"
     # At t + 7.6, 0.45 s before the 8 s gap ends, no quiet window has passed yet.
     assert run(keys("r"), backoff_argv(t + 7.6, "w", 0.0, 0.0, bwin=5.0, scope=r))[3] == fmt(8.0)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_short_hold_does_not_cut_a_longer_backoff_gap(client, store):
+    """A review: a 0.5 s Retry-After during an 8 s backoff gap let the next request
+    go after 0.6 s in shared mode (the hold gave back every reservation, the gap's
+    included); in one process the gap runs whole."""
+    run = store_runner(client, store)
+    s = {"delay": 1.0, "concurrency": 10, "bwin": 5.0}
+    t = 1_700_000_000.0
+    assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
+    for step in (1, 2, 3):  # 1 s -> 2, 4, 8 s
+        run(keys("s"), backoff_argv(t + 0.01 * step, "w", -1.0, 0.0, bwin=5.0))
+    run(keys("s"), backoff_argv(t + 0.1, "w", 0.5, 0.0, bwin=5.0))
+    reply = run(keys("s"), acquire_argv(t + 6.0, "w", "l2", [s]))
+    assert reply[0] == "ok"
+    assert float(reply[2]) == pytest.approx(8.03 - 6.0)

@@ -624,7 +624,12 @@ if op == 'backoff' then
       if now + hold > st.hold then st.hold = now + hold end
       -- The workers give back the reservations they wait on (the "hold"
       -- message): the next slot is the hold's end, not after theirs.
-      if st.tat > st.hold then st.tat = st.hold end
+      -- But not before the backoff gap running since the last step ends: a
+      -- short hint must not cut a longer backoff short (it does not in one
+      -- process; a review saw an 8 s gap end after 0.6 s).
+      local cap = st.hold
+      if st.bo > 0 and st.ss + max(base, st.bo) > cap then cap = st.ss + max(base, st.bo) end
+      if st.tat > cap then st.tat = cap end
       st.ss = now
       -- With the seconds it has left, so workers that fall back keep it.
       call('PUBLISH', channel, 'hold\t' .. scope_of(skey) .. '\t' .. fmt(st.hold - now))

@@ -208,7 +208,11 @@ class TwinStore(TwinKeys):
                 if hold >= 0:
                     if now + hold > st.hold:
                         st.hold = now + hold
-                    st.tat = min(st.tat, st.hold)  # reservations given back (see the script)
+                    # Reservations given back, not the running backoff gap (see the script).
+                    cap = st.hold
+                    if st.bo > 0:
+                        cap = max(cap, st.ss + max(base, st.bo))
+                    st.tat = min(st.tat, cap)
                     st.ss = now
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
                 elif now - age < st.ss:
