@@ -435,17 +435,23 @@ def test_a_claim_never_leaves_a_key_without_expiry():
     assert store.ttl(NS + "s:c") is not None
 
 
-@pytest.mark.parametrize("store", ["script", "twin"])
-def test_a_gap_longer_than_the_window_is_not_a_quiet_window(client, store):
-    """As in one process: an 8 s backoff gap with a 5 s BACKOFF_WINDOW ran only 5 s,
-    the step down coming before the scope could send again (so max_delay above the
-    window was never reached). The countdown starts when the gap ends."""
+def _an_eight_second_gap(client, store):
+    """A scope (delay 1 s, BACKOFF_WINDOW 5 s) stepped to an 8 s gap ending at t + 8.03."""
     run = store_runner(client, store)
     s = {"delay": 1.0, "concurrency": 10, "bwin": 5.0}
     t = 1_700_000_000.0
     assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
     for step in (1, 2, 3):  # 1 s -> 2, 4, 8 s
         run(keys("s"), backoff_argv(t + 0.01 * step, "w", -1.0, 0.0, bwin=5.0))
+    return run, s, t
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_gap_longer_than_the_window_is_not_a_quiet_window(client, store):
+    """As in one process: an 8 s backoff gap with a 5 s BACKOFF_WINDOW ran only 5 s,
+    the step down coming before the scope could send again (so max_delay above the
+    window was never reached). The countdown starts when the gap ends."""
+    run, s, t = _an_eight_second_gap(client, store)
     reply = run(keys("s"), acquire_argv(t + 6.0, "w", "l2", [s]))
     assert reply[0] == "ok"  # reserved: for the end of the 8 s gap, not now
     assert float(reply[2]) == pytest.approx(8.03 - 6.0)
@@ -475,12 +481,7 @@ def test_a_short_hold_does_not_cut_a_longer_backoff_gap(client, store):
     """A review: a 0.5 s Retry-After during an 8 s backoff gap let the next request
     go after 0.6 s in shared mode (the hold gave back every reservation, the gap's
     included); in one process the gap runs whole."""
-    run = store_runner(client, store)
-    s = {"delay": 1.0, "concurrency": 10, "bwin": 5.0}
-    t = 1_700_000_000.0
-    assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
-    for step in (1, 2, 3):  # 1 s -> 2, 4, 8 s
-        run(keys("s"), backoff_argv(t + 0.01 * step, "w", -1.0, 0.0, bwin=5.0))
+    run, s, t = _an_eight_second_gap(client, store)
     run(keys("s"), backoff_argv(t + 0.1, "w", 0.5, 0.0, bwin=5.0))
     reply = run(keys("s"), acquire_argv(t + 6.0, "w", "l2", [s]))
     assert reply[0] == "ok"
