@@ -120,9 +120,9 @@ class CrowdingWatch:
         which = ", ".join(f"{scope} ({wait:.1f} s)" for scope, wait in named) or "re-sends"
         logger.warning(
             "slotkit: %d of the %d CONCURRENT_REQUESTS places are held by requests waiting "
-            "for scopes a server slowed down (%s); requests for other sites cannot reach the "
-            "downloader until those go (in a crawl of one site this costs nothing). To keep "
-            "such requests in the scheduler instead, set "
+            "for scopes that are held or backing off (%s); requests for other sites cannot "
+            "reach the downloader until those go (in a crawl of one site this costs nothing). "
+            "To keep such requests in the scheduler instead, set "
             "SCHEDULER = 'slotkit.ThrottlingAwareScheduler' and SCHEDULER_PRIORITY_QUEUE = "
             "'slotkit.ThrottlingAwarePriorityQueue', or ADDONS = {'slotkit.Addon': 0} "
             "(docs/scheduling.rst). Logged once.",

@@ -177,7 +177,7 @@ class Feedback:
                     "throttling/backoff/* stats count every step)",
                     scope.id,
                     reason,
-                    f" to {delay:g}s between requests" if isinstance(delay, float) else "",
+                    f" to {delay:.3g} s between requests" if isinstance(delay, float) else "",
                 )
         if self._config.debug:
             logger.debug(

@@ -292,6 +292,8 @@ def warn_serial_quotas(
     for scope, entry in scopes.items():
         if "quota" not in entry or "concurrency" in entry or "manager" in entry:
             continue
+        if entry["quota"] <= 1:
+            continue  # one request per window: a concurrency would not spend it faster
         if "concurrency" in slots.get(scope, {}):
             continue  # DOWNLOAD_SLOTS gives it one
         if scope in _WARNED_QUOTAS or scope_kind(scope) != CUSTOM:

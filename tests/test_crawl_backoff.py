@@ -74,7 +74,7 @@ async def test_a_scopes_first_backoff_step_is_logged_once(mock_site: MockSite) -
     settings = {**SLOTKIT, "CONCURRENT_REQUESTS_PER_DOMAIN": 1, "BACKOFF_MIN_DELAY": 0.1}
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 2))
     assert result.stats["throttling/backoff/steps"] >= 2
-    line = "slotkit: scope '127.0.0.1' backs off after 503 to 0.1s between requests"
+    line = "slotkit: scope '127.0.0.1' backs off after 503 to 0.1 s between requests"
     assert line in result.log_text
     assert result.log_text.count("backs off after") == 1
 

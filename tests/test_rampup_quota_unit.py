@@ -434,3 +434,44 @@ def test_smaller_rampup_steps_only_where_the_user_asked_for_rampup() -> None:
         )
     ).scope_config("api.test", DOMAIN)
     assert (own.backoff.min_delay, own.backoff.delay_factor) == (0.2, 3.0)
+
+
+def _dead_site(settings: dict[str, object], seconds: float) -> list[float]:
+    """When a scope sends to a site that answers 429 to everything (virtual time,
+    50 ms answers, the gate's burst rule)."""
+    import heapq
+
+    from slotkit.settings import DOMAIN
+
+    config = ThrottlingSettings.from_settings(Settings(settings)).scope_config("api.test", DOMAIN)
+    scope = ThrottlingScopeManager.from_crawler(None, config.as_dict())  # type: ignore[arg-type]
+    now, step_started = 0.0, -math.inf
+    pending: list[tuple[float, float]] = []
+    sends: list[float] = []
+    while now < seconds:
+        while pending and pending[0][0] <= now:
+            at, sent = heapq.heappop(pending)
+            if sent >= step_started:
+                scope.record_backoff(None, at)
+                step_started = at
+            scope.record_done(at)
+        wait = scope.can_send(now)
+        if wait <= 0:
+            scope.record_sent(now)
+            sends.append(now)
+            heapq.heappush(pending, (now + 0.05, now))
+            continue
+        now = min(pending[0][0] if pending else math.inf, now + wait)
+    return sends
+
+
+@pytest.mark.parametrize("window", [2.0, 60.0])
+def test_a_rampup_scope_keeps_backing_off_from_a_dead_site(window: float) -> None:
+    """A re-probe: once a rampup scope's gap was about a window long, each window
+    held one trigger, "within" the target of 1, so no step followed: a dead site
+    was asked once a window for good (325 times in 10 min with 2 s windows).
+    Triggers are within the target only while a window can hold more of them."""
+    settings = {"BACKOFF_WINDOW": window, "THROTTLING_SCOPES": {"api.test": {"rampup": True}}}
+    sends = _dead_site(settings, 600.0)
+    assert len(sends) < 60
+    assert sends[-1] - sends[-2] > 60.0  # still growing towards BACKOFF_MAX_DELAY

@@ -763,4 +763,5 @@ def test_a_quota_scope_without_concurrency_is_told_it_sends_one_at_a_time(
             }
         )
         read({"THROTTLING_SCOPES": {"one-api": {"quota": 20}}, "CONCURRENT_REQUESTS": 1})
+        read({"THROTTLING_SCOPES": {"single-api": {"quota": 1}}})
     assert "has a quota but no" not in caplog.text

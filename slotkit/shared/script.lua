@@ -636,9 +636,10 @@ if op == 'backoff' then
     elseif now - age < st.ss then
       -- Sent before the current step began: the same episode, not a new signal.
       outcome = 'dup'
-    elseif a.ron > 0 and st.rt + 1 <= a.rhigh then
+    elseif a.ron > 0 and st.rt + 1 <= a.rhigh and max(base, st.bo) * (a.rhigh + 1) < a.rwin then
       -- Rampup pays up to its target of triggers per window for probing: the
-      -- rate holds, as in one process. Only triggers beyond it take a step.
+      -- rate holds, as in one process. Only triggers beyond it take a step,
+      -- and every trigger once the gap is too long for a window to hold more.
       outcome = 'ramp'
     else
       if a.ron > 0 and st.rc > a.minc then

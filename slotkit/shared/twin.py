@@ -217,7 +217,11 @@ class TwinStore(TwinKeys):
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
                 elif now - age < st.ss:
                     outcome = "dup"
-                elif a["ron"] > 0 and st.rt + 1 <= a["rhigh"]:
+                elif (
+                    a["ron"] > 0
+                    and st.rt + 1 <= a["rhigh"]
+                    and max(base, st.bo) * (a["rhigh"] + 1) < a["rwin"]
+                ):
                     outcome = "ramp"  # within the rampup target: the rate holds
                 else:
                     if a["ron"] > 0 and st.rc > a["minc"]:
