@@ -38,7 +38,7 @@ CHECK_EVERY = 1.0
 #: Seconds from a re-send's start to the look it asks for: the rest of a burst
 #: of rate-limited answers arrives in that time.
 SETTLE = 0.2
-#: The least backoff delay (seconds) that counts as a server slowing a scope down.
+#: The least backoff delay (seconds) that counts as slowing a rampup scope down.
 SLOWED_DELAY = 0.5
 #: The share of the places that must be held by slowed-down scopes' waiting requests.
 CROWDED_SHARE = 0.5
@@ -62,6 +62,7 @@ class CrowdingWatch:
         self._resending = resending
         self._next_look = 0.0
         self._look_call: IDelayedCall | None = None
+        self._stopped = False
         self.warned = False
 
     def soon(self) -> None:
@@ -71,7 +72,9 @@ class CrowdingWatch:
         leaves it, and a re-sent request does not leave: without this, a
         crowded downloader could go unseen for the engine's whole 5 s beat.
         """
-        if self.warned or (self._look_call is not None and self._look_call.active()):
+        if self.warned or self._stopped:
+            return
+        if self._look_call is not None and self._look_call.active():
             return
         self._look_call = self._clock.callLater(SETTLE, self._look)
 
@@ -79,9 +82,9 @@ class CrowdingWatch:
         """Cancel a pending look and look no more (the downloader closes).
 
         A request in flight at close may still be answered 429 and ask for a
-        look (a review found the timer left behind); ``warned`` turns that away.
+        look (a review found the timer left behind); that is turned away.
         """
-        self.warned = True
+        self._stopped = True
         if self._look_call is not None and self._look_call.active():
             self._look_call.cancel()
         self._look_call = None
@@ -94,7 +97,7 @@ class CrowdingWatch:
 
     def check(self) -> None:
         """Look at the full downloader's requests (nothing when it is too soon)."""
-        if self.warned:
+        if self.warned or self._stopped:
             return
         now = self._clock.seconds()
         if now < self._next_look:
@@ -133,17 +136,18 @@ class CrowdingWatch:
 
 
 def _slowed(scope: Scope, now: float) -> bool:
-    """Whether a server's answer is slowing *scope* down now: a hold, or a backoff
-    delay of :data:`SLOWED_DELAY` or more above the scope's own (a rampup scope's
-    small steps around the rate it found are its normal pace, not a slowdown)."""
+    """Whether *scope* is slowed down now: a hold, or a backoff delay above the
+    scope's own (for a rampup scope, of :data:`SLOWED_DELAY` or more: its small
+    steps around the rate it found are its normal pace, not a slowdown)."""
     manager = scope.manager
     hold_until = getattr(manager, "hold_until", None)
     if isinstance(hold_until, (int, float)) and hold_until > now:
         return True
     backoff_delay = getattr(manager, "backoff_delay", None)
+    if not isinstance(backoff_delay, (int, float)):
+        return False
     delay = getattr(manager, "delay", 0.0)
-    return (
-        isinstance(backoff_delay, (int, float))
-        and backoff_delay >= SLOWED_DELAY
-        and backoff_delay > (delay if isinstance(delay, (int, float)) else 0.0)
+    least = SLOWED_DELAY if getattr(manager, "rampup", None) is not None else 0.0
+    return backoff_delay >= least and backoff_delay > (
+        delay if isinstance(delay, (int, float)) else 0.0
     )

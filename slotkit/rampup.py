@@ -19,8 +19,11 @@ No step is taken while the scope is backing off. The arithmetic is pure:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slotkit.backoff import BackoffRules
 
 __all__ = [
     "NEGLIGIBLE_DELAY",
@@ -28,6 +31,7 @@ __all__ = [
     "RampupConfig",
     "RampupStep",
     "lowered_delay",
+    "rampup_backoff",
     "rampup_from_dict",
 ]
 
@@ -133,3 +137,36 @@ def rampup_from_dict(raw: Any) -> RampupConfig | None:
         min_delay=float(raw.get("min_delay", 0.0)),
         window=float(raw.get("window", 60.0)),
     )
+
+
+#: The backoff ``min_delay`` of a rampup scope whose rampup has none and that
+#: chose none (seconds): steps start near the rate rampup reached.
+RAMPUP_BACKOFF_FLOOR = 0.01
+#: The backoff ``delay_factor`` of a rampup scope that chose none.
+RAMPUP_BACKOFF_FACTOR = 1.25
+
+
+def rampup_backoff(
+    backoff: BackoffRules,
+    rampup: RampupConfig,
+    *,
+    min_delay_chosen: bool,
+    factor_chosen: bool,
+) -> BackoffRules:
+    """The backoff rules of a rampup scope: small steps around the rate it found.
+
+    Rampup probes for the rate itself, so a step goes from where it is:
+    falling to ``BACKOFF_MIN_DELAY``'s 1 s and back by halves made a probe's
+    scope swing between 1 request a second and full speed (2.3 of 10 allowed
+    per second; 9.9 with these steps). What the user chose, globally or for
+    the scope, stays.
+    """
+    min_delay, factor = backoff.min_delay, backoff.delay_factor
+    if not min_delay_chosen:
+        floor = rampup.min_delay if rampup.min_delay > 0 else RAMPUP_BACKOFF_FLOOR
+        min_delay = min(min_delay, floor)
+    if not factor_chosen:
+        factor = min(factor, RAMPUP_BACKOFF_FACTOR)
+    if (min_delay, factor) == (backoff.min_delay, backoff.delay_factor):
+        return backoff
+    return replace(backoff, min_delay=min_delay, delay_factor=factor)

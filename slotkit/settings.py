@@ -16,8 +16,9 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from slotkit.backoff import BackoffRules, read_backoff, scope_backoff
 from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
 from slotkit.migration import AutoThrottleMapping, autothrottle_mapping
-from slotkit.rampup import RampupConfig
+from slotkit.rampup import RampupConfig, rampup_backoff
 from slotkit.redis_settings import check_redis_settings
+from slotkit.scope_config import ScopeConfig
 from slotkit.scope_entries import (
     DEFAULT_THROTTLING_SCOPES,
     RESERVED_SCOPE_KEYS,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 __all__ = [
+    "NO_JITTER",
     "RESERVED_SCOPE_KEYS",
     "SCOPE_KEYS",
     "Jitter",
@@ -58,67 +60,10 @@ __all__ = [
 ]
 
 
-#: The backoff ``min_delay`` of a rampup scope whose rampup has none and that
-#: chose none (seconds): steps start near the rate rampup reached.
-RAMPUP_BACKOFF_FLOOR = 0.01
-#: The backoff ``delay_factor`` of a rampup scope that chose none.
-RAMPUP_BACKOFF_FACTOR = 1.25
 #: Source of a concurrency that ``CONCURRENT_REQUESTS`` capped.
 CAPPED_SOURCE = "CONCURRENT_REQUESTS (cap)"
 #: Key of ``ScopeConfig.sources`` saying where a capped concurrency came from.
 UNCAPPED_CONCURRENCY_SOURCE = "concurrency before the cap"
-
-
-@dataclass(frozen=True, slots=True)
-class ScopeConfig:
-    """The resolved configuration of one scope.
-
-    slotkit's own scope manager is built from it; a custom one receives
-    :meth:`as_dict` in ``from_crawler(crawler, config)``. ``backoff`` is a
-    :class:`slotkit.backoff.BackoffRules`, the ``"backoff"`` entry of
-    :class:`slotkit.BackoffConfig` with every missing key filled in.
-    """
-
-    concurrency: int
-    delay: float
-    jitter: Jitter = NO_JITTER
-    min_concurrency: int = 1
-    manager: type | None = None
-    backoff: BackoffRules = field(default_factory=BackoffRules)
-    quota: float | None = None
-    window: float = 60.0
-    rampup: RampupConfig | None = None
-    ignore_robots_txt: bool = False
-    #: Where each value came from (``"default"``, ``"THROTTLING_SCOPES"``, ...).
-    sources: Mapping[str, str] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The config as the plain dict a scope manager's ``from_crawler`` receives."""
-        return {
-            "concurrency": self.concurrency,
-            "min_concurrency": self.min_concurrency,
-            "delay": self.delay,
-            "jitter": list(self.jitter),
-            "backoff": {
-                "http_codes": sorted(self.backoff.http_codes),
-                "exceptions": list(self.backoff.exceptions),
-                "delay_factor": self.backoff.delay_factor,
-                "max_delay": self.backoff.max_delay,
-                "min_delay": self.backoff.min_delay,
-                "jitter": list(self.backoff.jitter),
-                "window": self.backoff.window,
-            },
-            **({} if self.quota is None else {"quota": self.quota}),
-            "window": self.window,
-            "rampup": None
-            if self.rampup is None
-            else {
-                "backoff_target": list(self.rampup.target),
-                "delay_factor": self.rampup.delay_factor,
-                "min_delay": self.rampup.min_delay,
-                "window": self.rampup.window,
-            },
-        }
 
 
 def _default_jitter(settings: BaseSettings) -> Jitter:
@@ -422,25 +367,16 @@ class ThrottlingSettings:
     def _rampup_backoff(
         self, scope: str, backoff: BackoffRules, rampup: RampupConfig
     ) -> BackoffRules:
-        """The backoff of a rampup scope: small steps around the rate it found.
-
-        Rampup probes for the rate itself, so a step goes from where it is:
-        falling to ``BACKOFF_MIN_DELAY``'s 1 s and back by halves made a
-        probe's scope swing between 1 request a second and full speed (2.3 of
-        10 allowed per second). What the user chose, globally or for the
-        scope, stays.
-        """
+        """*backoff* with rampup's small steps where the user chose none (see
+        :func:`slotkit.rampup.rampup_backoff`)."""
         entry = self.scopes.get(scope, {}).get("backoff")
         chosen = set(entry) if isinstance(entry, Mapping) else set()
-        min_delay, factor = backoff.min_delay, backoff.delay_factor
-        if "min_delay" not in chosen and not self.backoff_min_delay_set:
-            floor = rampup.min_delay if rampup.min_delay > 0 else RAMPUP_BACKOFF_FLOOR
-            min_delay = min(min_delay, floor)
-        if "delay_factor" not in chosen and not self.backoff_factor_set:
-            factor = min(factor, RAMPUP_BACKOFF_FACTOR)
-        if (min_delay, factor) == (backoff.min_delay, backoff.delay_factor):
-            return backoff
-        return replace(backoff, min_delay=min_delay, delay_factor=factor)
+        return rampup_backoff(
+            backoff,
+            rampup,
+            min_delay_chosen=self.backoff_min_delay_set or "min_delay" in chosen,
+            factor_chosen=self.backoff_factor_set or "delay_factor" in chosen,
+        )
 
     def _rampup_config(self, entry: Mapping[str, Any] | None) -> RampupConfig | None:
         if entry is None:

@@ -251,8 +251,14 @@ class SpyManager:
             backoff_before = real.backoff_delay
             concurrency_before = real.concurrency
         real.record_backoff(delay, now)
-        if delay is None and real.rampup is not None and real.rampup.within_target():
-            # Rampup: triggers up to the target's high end per window hold the rate.
+        if (
+            delay is None
+            and real.rampup is not None
+            and real.rampup.within_target()
+            and before * (real.rampup.config.target[1] + 1) < real.rampup.config.window
+        ):
+            # Rampup: triggers up to the target's high end per window hold the rate,
+            # while the gap lets a window hold more triggers than that.
             if real.backoff_delay != backoff_before:
                 self.machine.fail(
                     f"{self.scope_id}: a trigger within the rampup target changed the "

@@ -483,3 +483,36 @@ def test_a_trigger_is_within_rampup_target_only_while_a_window_holds_more(client
         "step",
         fmt(2.0),
     ]
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_second_short_hold_gives_back_reservations_past_the_gap(client, store):
+    """A review: the cap on a hold counted the gap from the last hold, not from the
+    last slot taken, so a second short hold kept w2's reservation twice as far out
+    (6.6 s instead of 1.63 s)."""
+    run, s, t = _an_eight_second_gap(client, store)
+    run(keys("s"), backoff_argv(t + 5.0, "w", 0.5, 0.0, bwin=5.0))
+    assert run(keys("s"), acquire_argv(t + 5.2, "w2", "l2", [s]))[0] == "ok"  # t + 8.03
+    run(keys("s"), backoff_argv(t + 6.0, "w", 0.3, 0.0, bwin=5.0))
+    run(keys("s"), release_argv(t + 6.0, "w2", "l2", [10]))  # given back on "hold"
+    reply = run(keys("s"), acquire_argv(t + 6.4, "w2", "l3", [s]))
+    assert float(reply[2]) == pytest.approx(8.03 - 6.4)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_short_hold_after_a_gap_was_used_keeps_the_next_gap(client, store):
+    """A review: a short hold after the first request of an 8 s gap went let the
+    next reserved request go 0.57 s after it; in one process it waits the gap."""
+    run = store_runner(client, store)
+    s = {"delay": 1.0, "concurrency": 10, "bwin": 20.0}
+    t = 1_700_000_000.0
+    assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
+    for step in (1, 2, 3):  # 1 s -> 2, 4, 8 s
+        run(keys("s"), backoff_argv(t + 0.01 * step, "w", -1.0, 0.0, bwin=20.0))
+    run(keys("s"), acquire_argv(t + 0.5, "w2", "l2", [s]))  # reserved t + 8.03
+    run(keys("s"), acquire_argv(t + 1.0, "w3", "l3", [s]))  # reserved t + 16.03
+    # w2's request, sent at t + 8.03, is answered 429 with Retry-After: 0.5.
+    run(keys("s"), backoff_argv(t + 8.1, "w2", 0.5, 0.07, bwin=20.0))
+    run(keys("s"), release_argv(t + 8.1, "w3", "l3", [10]))  # given back on "hold"
+    reply = run(keys("s"), acquire_argv(t + 8.1, "w3", "l4", [s]))
+    assert float(reply[2]) == pytest.approx(16.03 - 8.1)

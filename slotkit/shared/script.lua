@@ -364,6 +364,17 @@ end
 -- Backoff recovery, computed when asked (no timer): one factor step down per
 -- quiet window; a step below the first backoff step or the base delay ends it.
 -- rec == 0 means "never recovers" (backoff window 0).
+-- When the gap after the last slot already taken ends: slots are one
+-- interval apart, so the latest one at or before now is tat less whole
+-- intervals. (tat itself also counts reservations still to come, which a
+-- hold gives back.)
+local function gap_end(st, base)
+  local interval = max(base, st.bo)
+  if st.tat <= now or interval <= 0 then return st.tat end
+  -- (Less a microsecond: tat - now can come out a hair above a whole interval.)
+  return st.tat - (ceil((st.tat - now) / interval - 0.000001) - 1) * interval
+end
+
 local function settle(st, base, factor, floor, window)
   local before = max(base, st.bo)
   while st.bo > 0 and st.rec > 0 and now >= st.rec do
@@ -624,11 +635,11 @@ if op == 'backoff' then
       if now + hold > st.hold then st.hold = now + hold end
       -- The workers give back the reservations they wait on (the "hold"
       -- message): the next slot is the hold's end, not after theirs.
-      -- But not before the backoff gap running since the last step ends: a
+      -- But not before the backoff gap after the last slot taken ends: a
       -- short hint must not cut a longer backoff short (it does not in one
       -- process; a review saw an 8 s gap end after 0.6 s).
       local cap = st.hold
-      if st.bo > 0 and st.ss + max(base, st.bo) > cap then cap = st.ss + max(base, st.bo) end
+      if st.bo > 0 then cap = max(cap, gap_end(st, base)) end
       if st.tat > cap then st.tat = cap end
       st.ss = now
       -- With the seconds it has left, so workers that fall back keep it.
@@ -668,7 +679,7 @@ if op == 'backoff' then
           -- A window the scope may not send in (its new gap or a hold runs
           -- past it) is not quiet: the countdown starts when it may send
           -- again, or a gap longer than the window would never be reached.
-          local ready = max(st.hold, st.tat)
+          local ready = max(st.hold, gap_end(st, base))
           if outcome == 'step' and now + max(base, st.bo) > ready then
             ready = now + max(base, st.bo)
           end

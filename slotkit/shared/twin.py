@@ -104,6 +104,13 @@ class TwinStore(TwinKeys):
                 keep = horizon + ttl
             self._pexpire(key, keep)
 
+        def gap_end(state: ScopeState, base: float) -> float:
+            # When the gap after the last slot already taken ends (see the script).
+            interval = max(base, state.bo)
+            if state.tat <= now or interval <= 0:
+                return state.tat
+            return state.tat - (math.ceil((state.tat - now) / interval - 0.000001) - 1) * interval
+
         def settle(
             state: ScopeState, base: float, factor: float, floor: float, window: float
         ) -> None:
@@ -211,7 +218,7 @@ class TwinStore(TwinKeys):
                     # Reservations given back, not the running backoff gap (see the script).
                     cap = st.hold
                     if st.bo > 0:
-                        cap = max(cap, st.ss + max(base, st.bo))
+                        cap = max(cap, gap_end(st, base))
                     st.tat = min(st.tat, cap)
                     st.ss = now
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
@@ -240,7 +247,7 @@ class TwinStore(TwinKeys):
                     st.rt = st.rt + 1
                     if st.bo > 0:
                         # A window the scope may not send in is not quiet (see the script).
-                        ready = max(st.hold, st.tat)
+                        ready = max(st.hold, gap_end(st, base))
                         if outcome == "step":
                             ready = max(ready, now + max(base, st.bo))
                         st.rec = quiet_window_end(now, ready, bwin) if bwin > 0 else 0.0
