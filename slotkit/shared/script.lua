@@ -372,7 +372,7 @@ local function gap_end(st, base)
   local interval = max(base, st.bo)
   if st.tat <= now or interval <= 0 then return st.tat end
   -- (Less a microsecond: tat - now can come out a hair above a whole interval.)
-  return st.tat - (ceil((st.tat - now) / interval - 0.000001) - 1) * interval
+  return st.tat - (ceil((st.tat - now - 0.000001) / interval) - 1) * interval
 end
 
 local function settle(st, base, factor, floor, window)

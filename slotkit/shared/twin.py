@@ -109,7 +109,7 @@ class TwinStore(TwinKeys):
             interval = max(base, state.bo)
             if state.tat <= now or interval <= 0:
                 return state.tat
-            return state.tat - (math.ceil((state.tat - now) / interval - 0.000001) - 1) * interval
+            return state.tat - (math.ceil((state.tat - now - 0.000001) / interval) - 1) * interval
 
         def settle(
             state: ScopeState, base: float, factor: float, floor: float, window: float
