@@ -436,14 +436,14 @@ def test_a_claim_never_leaves_a_key_without_expiry():
     assert store.ttl(NS + "s:c") is not None
 
 
-def _an_eight_second_gap(client, store):
-    """A scope (delay 1 s, BACKOFF_WINDOW 5 s) stepped to an 8 s gap ending at t + 8.03."""
+def _an_eight_second_gap(client, store, bwin=5.0):
+    """A scope (delay 1 s, BACKOFF_WINDOW *bwin*) stepped to an 8 s gap ending at t + 8.03."""
     run = store_runner(client, store)
-    s = {"delay": 1.0, "concurrency": 10, "bwin": 5.0}
+    s = {"delay": 1.0, "concurrency": 10, "bwin": bwin}
     t = 1_700_000_000.0
     assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
     for step in (1, 2, 3):  # 1 s -> 2, 4, 8 s
-        run(keys("s"), backoff_argv(t + 0.01 * step, "w", -1.0, 0.0, bwin=5.0))
+        run(keys("s"), backoff_argv(t + 0.01 * step, "w", -1.0, 0.0, bwin=bwin))
     return run, s, t
 
 
@@ -503,12 +503,7 @@ def test_a_second_short_hold_gives_back_reservations_past_the_gap(client, store)
 def test_a_short_hold_after_a_gap_was_used_keeps_the_next_gap(client, store):
     """A review: a short hold after the first request of an 8 s gap went let the
     next reserved request go 0.57 s after it; in one process it waits the gap."""
-    run = store_runner(client, store)
-    s = {"delay": 1.0, "concurrency": 10, "bwin": 20.0}
-    t = 1_700_000_000.0
-    assert run(keys("s"), acquire_argv(t, "w", "l1", [s]))[0] == "ok"
-    for step in (1, 2, 3):  # 1 s -> 2, 4, 8 s
-        run(keys("s"), backoff_argv(t + 0.01 * step, "w", -1.0, 0.0, bwin=20.0))
+    run, s, t = _an_eight_second_gap(client, store, bwin=20.0)
     run(keys("s"), acquire_argv(t + 0.5, "w2", "l2", [s]))  # reserved t + 8.03
     run(keys("s"), acquire_argv(t + 1.0, "w3", "l3", [s]))  # reserved t + 16.03
     # w2's request, sent at t + 8.03, is answered 429 with Retry-After: 0.5.
