@@ -33,6 +33,7 @@ __all__ = [
     "lowered_delay",
     "rampup_backoff",
     "rampup_from_dict",
+    "window_holds_more",
 ]
 
 #: A delay this close to the minimum counts as there. Halving never reaches a
@@ -137,6 +138,16 @@ def rampup_from_dict(raw: Any) -> RampupConfig | None:
         min_delay=float(raw.get("min_delay", 0.0)),
         window=float(raw.get("window", 60.0)),
     )
+
+
+def window_holds_more(gap: float, target_high: float, window: float) -> bool:
+    """Whether a window can hold more triggers than the target's high end at *gap*.
+
+    Only then are triggers up to the target the price of probing; with a
+    longer gap every trigger was "within" the target, and a probe's dead site
+    was asked once a window for good (325 requests in 10 min, not 48).
+    """
+    return gap * (target_high + 1) < window
 
 
 #: The backoff ``min_delay`` of a rampup scope whose rampup has none and that

@@ -14,6 +14,7 @@ import math
 from typing import TYPE_CHECKING
 
 from slotkit.policy import next_backoff, recover
+from slotkit.rampup import window_holds_more
 from slotkit.server_budget import ServerBudget
 
 if TYPE_CHECKING:
@@ -90,15 +91,13 @@ class ScopeFeedback:
         elif (
             self.rampup is not None
             and self.rampup.within_target()
-            and self.current_delay * (self.rampup.config.target[1] + 1) < self.rampup.config.window
+            and window_holds_more(
+                self.current_delay, self.rampup.config.target[1], self.rampup.config.window
+            )
         ):
             # Rampup aims at its target of triggers per window: that many is
             # the price of probing, so the rate holds (the window will not step
             # up either). Only triggers beyond the target back the scope off.
-            # Not once the gap is so long that no window can hold more than
-            # the target: every trigger was then "within" it, and a probe's
-            # dead site was asked once a window for good (325 requests in
-            # 10 min, not 48).
             pass
         elif self.rampup is not None and self.concurrency > self.min_concurrency:
             # Rampup raised the concurrency after the delay: a step beyond its

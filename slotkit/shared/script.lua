@@ -361,9 +361,6 @@ local function save(key, st, ttl)
   pexpire(key, keep)
 end
 
--- Backoff recovery, computed when asked (no timer): one factor step down per
--- quiet window; a step below the first backoff step or the base delay ends it.
--- rec == 0 means "never recovers" (backoff window 0).
 -- When the gap after the last slot already taken ends: slots are one
 -- interval apart, so the latest one at or before now is tat less whole
 -- intervals. (tat itself also counts reservations still to come, which a
@@ -375,6 +372,9 @@ local function gap_end(st, base)
   return st.tat - (ceil((st.tat - now - 0.000001) / interval) - 1) * interval
 end
 
+-- Backoff recovery, computed when asked (no timer): one factor step down per
+-- quiet window; a step below the first backoff step or the base delay ends it.
+-- rec == 0 means "never recovers" (backoff window 0).
 local function settle(st, base, factor, floor, window)
   local before = max(base, st.bo)
   while st.bo > 0 and st.rec > 0 and now >= st.rec do

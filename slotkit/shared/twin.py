@@ -22,8 +22,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from slotkit.rampup import lowered_delay
+from slotkit.rampup import window_holds_more
 from slotkit.scope_feedback import quiet_window_end
+from slotkit.shared.twin_curve import gap_end, ramp, settle
 from slotkit.shared.twin_keys import (
     CLAIM,
     FIELDS,
@@ -104,28 +105,6 @@ class TwinStore(TwinKeys):
                 keep = horizon + ttl
             self._pexpire(key, keep)
 
-        def gap_end(state: ScopeState, base: float) -> float:
-            # When the gap after the last slot already taken ends (see the script).
-            interval = max(base, state.bo)
-            if state.tat <= now or interval <= 0:
-                return state.tat
-            return state.tat - (math.ceil((state.tat - now - 0.000001) / interval) - 1) * interval
-
-        def settle(
-            state: ScopeState, base: float, factor: float, floor: float, window: float
-        ) -> None:
-            before = max(base, state.bo)
-            while state.bo > 0 and state.rec > 0 and now >= state.rec:
-                lower = state.bo / factor
-                if lower < floor or lower <= base:
-                    state.bo = 0.0
-                    state.rec = 0.0
-                else:
-                    state.bo = lower
-                    state.rec = state.rec + window
-            # The next slot comes back in by what the interval shrank (see the script).
-            state.tat = state.tat - (before - max(base, state.bo))
-
         # 1. Heartbeat, on the calls carrying the worker ttl (see the script).
         count = ""
         if wttl is not None:
@@ -190,9 +169,7 @@ class TwinStore(TwinKeys):
             return ["ok", count]
 
         if op == "acquire":
-            return self._acquire(
-                keys, argv, o, now, wid, count, channel, scope_of, load, save, settle
-            )
+            return self._acquire(keys, argv, o, now, wid, count, channel, scope_of, load, save)
         if op == "backoff":
             key_ttl = float(argv[o + 1])
             scopes = int(argv[o + 2])
@@ -205,12 +182,12 @@ class TwinStore(TwinKeys):
                 skey = keys[1 + 2 * i]
                 st = load(skey)
                 if a["ron"] > 0:
-                    _ramp(st, a, now)  # the trigger counts in its own window
+                    ramp(st, a, now)  # the trigger counts in its own window
                     delay = a["delay"]
                 if cd > st.cd:
                     st.cd = cd
                 base = max(delay, st.cd)
-                settle(st, base, factor, bmin, bwin)
+                settle(st, base, factor, bmin, bwin, now)
                 outcome = "held"
                 if hold >= 0:
                     if now + hold > st.hold:
@@ -218,7 +195,7 @@ class TwinStore(TwinKeys):
                     # Reservations given back, not the running backoff gap (see the script).
                     cap = st.hold
                     if st.bo > 0:
-                        cap = max(cap, gap_end(st, base))
+                        cap = max(cap, gap_end(st, base, now))
                     st.tat = min(st.tat, cap)
                     st.ss = now
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
@@ -227,7 +204,7 @@ class TwinStore(TwinKeys):
                 elif (
                     a["ron"] > 0
                     and st.rt + 1 <= a["rhigh"]
-                    and max(base, st.bo) * (a["rhigh"] + 1) < a["rwin"]
+                    and window_holds_more(max(base, st.bo), a["rhigh"], a["rwin"])
                 ):
                     outcome = "ramp"  # within the rampup target: the rate holds
                 else:
@@ -247,7 +224,7 @@ class TwinStore(TwinKeys):
                     st.rt = st.rt + 1
                     if st.bo > 0:
                         # A window the scope may not send in is not quiet (see the script).
-                        ready = max(st.hold, gap_end(st, base))
+                        ready = max(st.hold, gap_end(st, base, now))
                         if outcome == "step":
                             ready = max(ready, now + max(base, st.bo))
                         st.rec = quiet_window_end(now, ready, bwin) if bwin > 0 else 0.0
@@ -315,7 +292,6 @@ class TwinStore(TwinKeys):
         scope_of: Callable[[str], str],
         load: Callable[[str], ScopeState],
         save: Callable[[str, ScopeState, float], None],
-        settle: Callable[[ScopeState, float, float, float, float], None],
     ) -> list[str]:
         lease = argv[o + 1]
         lease_ttl = float(argv[o + 2])
@@ -335,11 +311,11 @@ class TwinStore(TwinKeys):
             skey, lkey = keys[1 + 2 * i], keys[2 + 2 * i]
             st = load(skey)
             if a["ron"] > 0:
-                _ramp(st, a, now)
+                ramp(st, a, now)
             if a["cd"] > st.cd:
                 st.cd = a["cd"]
             a["base"] = max(a["delay"] * a["jf"], st.cd)
-            settle(st, a["base"], a["factor"], a["bmin"], a["bwin"])
+            settle(st, a["base"], a["factor"], a["bmin"], a["bwin"], now)
             a["interval"] = max(a["base"], st.bo)
             self._zremrange(lkey, ms(now))
             leases = self._zset(lkey)
@@ -417,23 +393,3 @@ class TwinStore(TwinKeys):
         for st, a in zip(states, params, strict=True):
             reply += [fmt(max(0.0, st.hold - now)), str(int(a["conc"] - a["active"] - taken))]
         return reply
-
-
-def _ramp(st: ScopeState, a: dict[str, float], now: float) -> None:
-    """Shared rampup, as the script's ``ramp``: close every ended window, step up if quiet."""
-    if st.rc < 1:
-        st.rd = a["delay"]
-        st.rc = a["minc"]
-    while st.rwe > 0 and now >= st.rwe:
-        if st.rt < a["rlow"] and st.rs > 0 and st.bo == 0:
-            if st.rd > a["rmin"]:
-                st.rd = lowered_delay(st.rd, a["rfac"], a["rmin"])
-            elif st.rc < a["conc"]:
-                st.rc = st.rc + 1
-        st.rt = 0.0
-        st.rs = 0.0
-        st.rwe = st.rwe + a["rwin"]
-        if now >= st.rwe:
-            st.rwe = st.rwe + (math.floor((now - st.rwe) / a["rwin"]) + 1) * a["rwin"]
-    a["delay"] = st.rd
-    a["conc"] = st.rc

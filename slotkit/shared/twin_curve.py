@@ -1,0 +1,61 @@
+"""The twin's backoff and rampup arithmetic, as the script's local functions.
+
+Pure functions of one scope's stored state and the script's ``now``:
+:func:`gap_end`, :func:`settle` (backoff recovery) and :func:`ramp`
+(shared rampup) mirror ``gap_end``, ``settle`` and ``ramp`` in
+``script.lua`` line for line, so that both give the same replies.
+"""
+
+from __future__ import annotations
+
+import math
+
+from slotkit.rampup import lowered_delay
+from slotkit.shared.twin_keys import ScopeState
+
+__all__ = ["gap_end", "ramp", "settle"]
+
+
+def gap_end(st: ScopeState, base: float, now: float) -> float:
+    """When the gap after the last slot already taken ends (see the script)."""
+    interval = max(base, st.bo)
+    if st.tat <= now or interval <= 0:
+        return st.tat
+    return st.tat - (math.ceil((st.tat - now - 0.000001) / interval) - 1) * interval
+
+
+def settle(
+    st: ScopeState, base: float, factor: float, floor: float, window: float, now: float
+) -> None:
+    """Backoff recovery due by *now*: one factor step down per quiet window."""
+    before = max(base, st.bo)
+    while st.bo > 0 and st.rec > 0 and now >= st.rec:
+        lower = st.bo / factor
+        if lower < floor or lower <= base:
+            st.bo = 0.0
+            st.rec = 0.0
+        else:
+            st.bo = lower
+            st.rec = st.rec + window
+    # The next slot comes back in by what the interval shrank (see the script).
+    st.tat = st.tat - (before - max(base, st.bo))
+
+
+def ramp(st: ScopeState, a: dict[str, float], now: float) -> None:
+    """Shared rampup, as the script's ``ramp``: close every ended window, step up if quiet."""
+    if st.rc < 1:
+        st.rd = a["delay"]
+        st.rc = a["minc"]
+    while st.rwe > 0 and now >= st.rwe:
+        if st.rt < a["rlow"] and st.rs > 0 and st.bo == 0:
+            if st.rd > a["rmin"]:
+                st.rd = lowered_delay(st.rd, a["rfac"], a["rmin"])
+            elif st.rc < a["conc"]:
+                st.rc = st.rc + 1
+        st.rt = 0.0
+        st.rs = 0.0
+        st.rwe = st.rwe + a["rwin"]
+        if now >= st.rwe:
+            st.rwe = st.rwe + (math.floor((now - st.rwe) / a["rwin"]) + 1) * a["rwin"]
+    a["delay"] = st.rd
+    a["conc"] = st.rc
