@@ -8,6 +8,7 @@ group requests differently; the helpers :func:`scope_cache`,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -80,10 +81,10 @@ class ThrottlingManager:
     """The default throttling manager: one scope per host name.
 
     In order, the scopes of a request are: the ``throttling_scopes`` meta if
-    set; else a ``download_slot`` meta set by the user (Scrapy's way of
-    naming a slot); else the request's host name, so every subdomain is its
-    own scope (or its ``host:port`` when ``THROTTLING_SCOPES`` or
-    ``DOWNLOAD_SLOTS`` has an entry named so).
+    set (an empty set, list or dict counts as unset); else a ``download_slot``
+    meta set by the user (Scrapy's way of naming a slot); else the request's
+    host name, so every subdomain is its own scope (or its ``host:port`` when
+    ``THROTTLING_SCOPES`` or ``DOWNLOAD_SLOTS`` has an entry named so).
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -125,7 +126,7 @@ class ThrottlingManager:
     def _default_scopes(self, request: Request) -> Scopes:
         meta = request.meta
         scopes = meta.get("throttling_scopes")
-        if scopes is not None:
+        if scopes is not None and not _empty_collection(scopes):
             return scopes  # type: ignore[no-any-return]
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT):
@@ -296,3 +297,13 @@ def build_manager(crawler: Crawler, cls: type | None) -> Any:
     from slotkit.manager_loading import build_manager as build
 
     return build(crawler, cls)
+
+
+def _empty_collection(value: object) -> bool:
+    """Whether a ``throttling_scopes`` value is an empty set, list, tuple or dict.
+
+    A scope list built in code may come out empty. Taking that as "no scopes"
+    would send the request with no limit at all, silently; the request keeps
+    its site's scope instead. (An empty string is a bad id and fails the request.)
+    """
+    return isinstance(value, (set, frozenset, list, tuple, Mapping)) and not value

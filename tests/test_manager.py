@@ -96,6 +96,13 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
+@pytest.mark.parametrize("empty", [set(), [], (), {}], ids=["set", "list", "tuple", "dict"])
+def test_empty_throttling_scopes_meta_keeps_the_site_scope(crawler, empty: Any):
+    """A scope list that came out empty must not send the request with no limit at all."""
+    request = Request("https://a.example/x", meta={"throttling_scopes": empty})
+    assert ThrottlingManager(crawler).get_scopes(request) == "a.example"
+
+
 def test_throttling_scopes_meta_wins_over_download_slot(crawler):
     """throttling_scopes takes precedence over a download_slot meta."""
     request = Request("https://a.example/", meta={"throttling_scopes": "api", DOWNLOAD_SLOT: "x"})
