@@ -27,6 +27,16 @@ Limits, so that a site that never recovers cannot keep a crawl alive:
   queued behind newcomers, it would take the 429s for all of them.
 * A scope where a request stalled is marked stalled: its next signals are
   handed on at once, until one of its responses is not a signal.
+* A response that sets a cookie (``Set-Cookie``) is handed on when
+  ``CookiesMiddleware`` is enabled and the request merges cookies: a 429 that
+  sets one is often a challenge the next attempt must answer with it, and a
+  re-send below the middlewares would go out without it, again and again.
+  ``RetryMiddleware`` retries it instead, through the whole chain.
+
+Any other middleware that changes each attempt in ``process_request``
+(rotating user agents or proxies) does not see the re-sends either; such a
+project sets ``BACKOFF_RESEND = False``, or does its rotation in a
+``RetryMiddleware`` subclass, to whose rules slotkit leaves every response.
 
 The attempt that was answered still went over the wire, so it is counted
 in Scrapy's ``downloader/request_count``, ``downloader/response_status_count/...``
@@ -39,6 +49,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.downloadermiddlewares.stats import DownloaderStats
 
@@ -77,6 +88,8 @@ class Resender:
         retries = [mw for mw in middlewares if isinstance(mw, RetryMiddleware)]
         #: The crawl's RetryMiddleware (None: retrying is off, so is re-sending).
         self._retry: RetryMiddleware | None = retries[0] if retries else None
+        #: Whether cookies a response sets reach the next attempt (only through the chain).
+        self._cookies = any(isinstance(mw, CookiesMiddleware) for mw in middlewares)
         self._downloader_stats: DownloaderStats | None = next(
             (mw for mw in middlewares if isinstance(mw, DownloaderStats)), None
         )
@@ -118,6 +131,15 @@ class Resender:
         if any(scope.stalled for scope in scopes):
             self._stats.inc("backoff/handed_on_stalled")
             return False
+        if self._sets_cookies(request, response):
+            self._stats.inc("backoff/handed_on_cookie")
+            logger.debug(
+                "slotkit: %s answered %d with Set-Cookie; handed on so that "
+                "CookiesMiddleware keeps the cookie for RetryMiddleware's retry",
+                request,
+                response.status,
+            )
+            return False
         waited = self._clock.seconds() - limited_since
         if waited >= self.timeout:
             for scope in scopes:
@@ -156,6 +178,14 @@ class Resender:
         if max_times is None:
             max_times = getattr(retry, "max_retry_times", 0)
         return bool(meta.get("retry_times", 0) + 1 <= max_times)
+
+    def _sets_cookies(self, request: Request, response: Response) -> bool:
+        """Whether *response* sets a cookie that CookiesMiddleware would keep for *request*."""
+        return (
+            self._cookies
+            and b"Set-Cookie" in response.headers
+            and not request.meta.get("dont_merge_cookies", False)
+        )
 
     def count_answer(self, request: Request, response: Response, *, resent: bool) -> None:
         """Count an answer that never reaches the middlewares in Scrapy's downloader stats.

@@ -276,6 +276,36 @@ async def test_no_resend_where_retry_middleware_would_not_retry(
     assert result.stats["throttling/backoff/triggers/429"] == 1  # the scope still backs off
 
 
+def cookie_challenge(request: Any, n: int) -> Reply | None:
+    """429 with a cookie until a request carries it back (a common anti-bot challenge)."""
+    if b"pass=1" in (request.getHeader("cookie") or "").encode():
+        return None
+    return Reply(429, {"Set-Cookie": "pass=1; Path=/", "Retry-After": "0"}, b"challenge")
+
+
+@pytest.mark.parametrize(
+    ("meta", "handed_on"),
+    [pytest.param({}, True, id="cookies"), pytest.param({"dont_merge_cookies": True}, False)],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_429_setting_a_cookie_is_retried_through_the_middlewares(
+    mock_site: MockSite, meta: dict[str, Any], handed_on: bool
+) -> None:
+    """The retry must carry the cookie the 429 set; a re-send below CookiesMiddleware cannot."""
+    mock_site.set_behaviour(HOST, cookie_challenge)
+    urls = [{"url": mock_site.url(HOST, "/page/0"), "meta": meta}]
+    settings = {**SLOTKIT, "BACKOFF_MIN_DELAY": 0.01, "BACKOFF_RESEND_TIMEOUT": 1.0}
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    if handed_on:
+        assert [r.status for r in result.responses] == [200]
+        assert result.stats["throttling/backoff/handed_on_cookie"] == 1
+        assert result.stats["retry/count"] == 1
+        assert mock_site.recorder.count(HOST) == 2
+    else:  # no cookie would come back anyway: re-sent as any 429
+        assert "throttling/backoff/handed_on_cookie" not in result.stats
+        assert result.stats["throttling/backoff/resent"] >= 1
+
+
 class QuieterRetry(RetryMiddleware):
     """A project's RetryMiddleware subclass: its rules are RetryMiddleware's."""
 
