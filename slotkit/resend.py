@@ -110,6 +110,8 @@ class Resender:
                 " and ".join(rules),
             )
         self.enabled = enabled and self._retry is not None and own is None
+        if self.enabled:
+            _name_unseeing_middlewares(middlewares)
         if enabled and retry_enabled and self._retry is None:
             # A project that replaced RetryMiddleware by a class of its own:
             # slotkit cannot know its rules, so it leaves every response to it.
@@ -217,3 +219,28 @@ def _custom_retry_rules(cls: type) -> tuple[str, ...]:
         for name in RETRY_DECISIONS
         if getattr(cls, name, None) is not getattr(RetryMiddleware, name, None)
     )
+
+
+def _name_unseeing_middlewares(middlewares: Iterable[Any]) -> None:
+    """Say at start which of the project's middlewares will not see re-sent attempts.
+
+    Rotating user agents or proxies, or detecting bans, in
+    ``process_request``/``process_response`` is common, and with Scrapy's
+    downloader each retry of a 429 passes through them. A re-send does not,
+    so a project relying on that learns it here, with the switch to use.
+    """
+    own = [
+        f"{type(mw).__module__}.{type(mw).__qualname__}"
+        for mw in middlewares
+        if not type(mw).__module__.startswith(("scrapy.", "slotkit."))
+        and not isinstance(mw, RetryMiddleware)
+        and (hasattr(mw, "process_request") or hasattr(mw, "process_response"))
+    ]
+    if own:
+        logger.info(
+            "slotkit: rate-limited responses are re-sent below the downloader "
+            "middlewares, so %s will not see the re-sent attempts or their 429s; "
+            "set BACKOFF_RESEND = False if they rotate user agents or proxies, or "
+            "detect bans, per attempt",
+            ", ".join(own),
+        )

@@ -82,6 +82,12 @@ class SlotView:
         low, high = getattr(self._scope.manager, "jitter", (0.0, 0.0))
         return float(max(-low, high))
 
+    @jitter.setter
+    def jitter(self, value: float) -> None:
+        magnitude = abs(float(value))
+        self._scope.manager.set_jitter((-magnitude, magnitude))
+        self._gate.poke(self._scope)
+
     @property
     def randomize_delay(self) -> bool:
         return bool(self.jitter)
@@ -127,6 +133,7 @@ class SlotsView(Mapping[str, SlotView]):
         # Scrapy's default priority queue reads every slot on every pop, so
         # lookups go straight to the registry's dict and views are cached.
         self._scopes = registry.live
+        self._registry = registry
         self._gate = gate
 
     def __getitem__(self, key: str) -> SlotView:
@@ -134,6 +141,21 @@ class SlotsView(Mapping[str, SlotView]):
         if scope is None:
             raise KeyError(key)
         return view_of(scope, self._gate)
+
+    def __setitem__(self, key: str, slot: Any) -> None:
+        """``slots[key] = Slot(concurrency, delay, jitter)``, as older plugins do.
+
+        The scope *key* (created if need be) takes the slot's concurrency,
+        delay and jitter; the scope stays the one that throttles, so the
+        object assigned is not kept.
+        """
+        view = view_of(self._registry.get(key), self._gate)
+        view.concurrency = slot.concurrency
+        view.delay = slot.delay
+        jitter = getattr(slot, "jitter", None)
+        if jitter is None:  # an older Scrapy's Slot has randomize_delay only
+            jitter = 0.5 if getattr(slot, "randomize_delay", False) else 0.0
+        view.jitter = jitter
 
     def __contains__(self, key: object) -> bool:
         return key in self._scopes

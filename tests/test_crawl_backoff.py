@@ -306,6 +306,24 @@ async def test_a_429_setting_a_cookie_is_retried_through_the_middlewares(
         assert result.stats["throttling/backoff/resent"] >= 1
 
 
+class RotateUserAgent:
+    """A project's middleware giving each attempt its own user agent."""
+
+    def process_request(self, request: Any, spider: Any = None) -> None:
+        request.headers["User-Agent"] = "agent-2"
+
+
+@pytest_twisted.ensureDeferred
+async def test_middlewares_that_miss_the_resends_are_named_at_start(mock_site: MockSite) -> None:
+    middleware = f"{__name__}.RotateUserAgent"
+    settings = {**SLOTKIT, "DOWNLOADER_MIDDLEWARES": {middleware: 560}}
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    assert f"so {middleware} will not see the re-sent attempts" in result.log_text
+    assert "BACKOFF_RESEND = False" in result.log_text
+    quiet = await run_crawl(ListSpider, SLOTKIT, urls=pages(mock_site, HOST, 1))
+    assert "will not see the re-sent attempts" not in quiet.log_text
+
+
 class QuieterRetry(RetryMiddleware):
     """A project's RetryMiddleware subclass: its rules are RetryMiddleware's."""
 

@@ -6,6 +6,7 @@ from collections import deque
 
 import pytest
 from scrapy import Request
+from scrapy.core.downloader import Slot
 from twisted.internet.task import Clock
 
 from slotkit.gate import Gate
@@ -261,6 +262,21 @@ def test_slots_item_reads_the_live_scope():
     assert slots["a.example"].active == {request}
     slots["a.example"].delay = 4.0
     assert scope.manager.delay == 4.0
+
+
+def test_assigning_a_stock_slot_configures_the_scope():
+    """``slots[key] = Slot(1, 0.6, 0)`` (older plugins, at engine start) paces the scope."""
+    slots, registry, gate = make_slots()
+    slots["a.example"] = Slot(1, 0.6, 0.25)
+    scope = registry.get("a.example")
+    assert (scope.manager.concurrency, scope.manager.delay) == (1, 0.6)
+    assert scope.manager.jitter == (-0.25, 0.25)
+    assert slots["a.example"].jitter == 0.25
+    request = Request("https://a.example/")
+    gate.acquire(request, [scope], [None])
+    slots["a.example"] = Slot(3, 0.0, 0)  # a live scope is reconfigured too
+    assert (scope.manager.concurrency, scope.manager.delay) == (3, 0.0)
+    assert slots["a.example"].active == {request}
 
 
 def test_slots_iteration_survives_changes():
