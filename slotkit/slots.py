@@ -84,9 +84,12 @@ class SlotView:
 
     @jitter.setter
     def jitter(self, value: float) -> None:
-        magnitude = abs(float(value))
-        self._scope.manager.set_jitter((-magnitude, magnitude))
-        self._gate.poke(self._scope)
+        # set_jitter is optional for a scope manager (as robots.txt uses it).
+        set_jitter = getattr(self._scope.manager, "set_jitter", None)
+        if callable(set_jitter):
+            magnitude = abs(float(value))
+            set_jitter((-magnitude, magnitude))
+            self._gate.poke(self._scope)
 
     @property
     def randomize_delay(self) -> bool:
