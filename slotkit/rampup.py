@@ -3,7 +3,8 @@
 Time is cut into ``window``-second windows (``BACKOFF_WINDOW``). At the end
 of each window in which the scope sent something:
 
-* fewer backoff triggers than the target's low end → one step up: lower the
+* fewer backoff triggers than the target's low end (none, for a target of
+  0: a window can hold no fewer than 0) → one step up: lower the
   delay by ``delay_factor`` down to ``min_delay`` (within 10 ms of it counts
   as there); once there, raise the concurrency by one up to the configured
   maximum;
@@ -58,6 +59,16 @@ class RampupConfig:
     min_delay: float = 0.0
     window: float = 60.0
 
+    @property
+    def steps_up_below(self) -> int:
+        """A window with fewer triggers than this steps up.
+
+        The target's low end, but at least 1: with a target of 0 ("aim for no
+        rate-limit response at all") a window with none steps up and every
+        trigger backs off; taken literally, no window could ever step up.
+        """
+        return max(self.target[0], 1)
+
 
 @dataclass(frozen=True, slots=True)
 class RampupStep:
@@ -108,7 +119,7 @@ class Rampup:
         config = self.config
         changed = False
         while now >= self.window_end:
-            quiet = self.triggers < config.target[0]
+            quiet = self.triggers < config.steps_up_below
             if quiet and self.sent and not backing_off:
                 if delay > config.min_delay:
                     delay = lowered_delay(delay, config.delay_factor, config.min_delay)

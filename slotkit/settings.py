@@ -182,7 +182,8 @@ class ThrottlingSettings:
             scope: validate_scope_entry("THROTTLING_SCOPES", scope, entry)
             for scope, entry in raw_scopes.items()
         }
-        raw_slots = dict_setting(settings, "DOWNLOAD_SLOTS")
+        # Scrapy's getdict() takes an empty list as {} here: so does slotkit.
+        raw_slots = dict_setting(settings, "DOWNLOAD_SLOTS") or {}
         if not isinstance(raw_slots, Mapping):
             raise SettingsError(f"DOWNLOAD_SLOTS must be a dict (got {_describe(raw_slots)})")
         slots = {str(key): slot_entry(str(key), entry) for key, entry in raw_slots.items()}

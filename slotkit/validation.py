@@ -219,7 +219,9 @@ def per_ip_limit(settings: BaseSettings) -> int:
 
 def dict_setting(settings: Any, name: str) -> Any:
     """A dict setting; JSON text (``scrapy crawl -s NAME='{...}'``) is parsed first."""
-    value = settings.get(name) or {}
+    value = settings.get(name)
+    if value is None:
+        return {}
     if isinstance(value, str):
         try:
             return settings.getdict(name)

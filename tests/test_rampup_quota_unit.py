@@ -91,6 +91,16 @@ def test_target_range_holds_inside_it() -> None:
     assert scope.delay == 1.0
 
 
+def test_a_target_of_zero_steps_up_after_clean_windows_and_backs_off_at_once() -> None:
+    """Target 0: aim for no rate-limit response. Taken literally, no window could step up."""
+    scope = rampup_scope(target=(0, 0))
+    send(scope, 0.0)
+    scope.can_send(WINDOW)
+    assert scope.delay == 0.5  # a window with no trigger stepped up
+    scope.record_backoff(None, now=WINDOW + 1)
+    assert scope.backoff_delay is not None  # and the first trigger backs off
+
+
 def test_no_step_during_backoff() -> None:
     """While a backoff is active, quiet windows do not ramp up."""
     scope = rampup_scope(window=WINDOW)

@@ -102,11 +102,21 @@ def test_scope_entry_must_be_a_dict():
     assert "'concurrency'" in message
 
 
-def test_throttling_scopes_must_be_a_dict():
-    """A THROTTLING_SCOPES that is not a mapping at all is refused."""
-    message = refuse({"THROTTLING_SCOPES": ["a", "b"]})
+@pytest.mark.parametrize("value", [["a", "b"], [], (), 0, False, ""])
+def test_throttling_scopes_must_be_a_dict(value: Any):
+    """A THROTTLING_SCOPES that is not a mapping is refused, even an empty one.
+
+    Taken as {}, it would also drop the default entries, without a word.
+    """
+    message = refuse({"THROTTLING_SCOPES": value})
     assert message.startswith("THROTTLING_SCOPES must be a dict")
-    assert "['a', 'b']" in message
+    assert repr(value) in message
+
+
+@pytest.mark.parametrize("value", [[], None])
+def test_download_slots_takes_what_scrapy_takes_for_none(value: Any):
+    """Scrapy's getdict() reads an empty list as {}; a config that works there works here."""
+    assert read({"DOWNLOAD_SLOTS": value}).slots == {}
 
 
 def test_scope_id_must_be_a_non_empty_string():

@@ -1181,3 +1181,11 @@ async def test_a_lingering_release_does_not_hold_a_slot_while_a_worker_waits():
     assert f1.done()
     assert f2.done(), "w2 waits for h's linger to run out"
     cluster.close()
+
+
+def test_a_rampup_target_of_zero_tells_the_store_to_step_up_after_clean_windows():
+    """The store steps up below its ``rlow`` argument: 1 for a target of 0, as in one process."""
+    manager = SharedScopeManager({"rampup": {"backoff_target": [0, 0]}})
+    assert manager.rampup_args()[:2] == ["1", "1"]
+    manager = SharedScopeManager({"rampup": {"backoff_target": [2, 3]}})
+    assert manager.rampup_args()[:2] == ["1", "2"]

@@ -130,7 +130,7 @@ class SharedScopeManager:
             return ["0", "1", fmt(1.0), fmt(0.0), fmt(0.0), str(self.concurrency)]
         return [
             "1",
-            str(rampup.target[0]),
+            str(rampup.steps_up_below),
             fmt(rampup.delay_factor),
             fmt(rampup.min_delay),
             fmt(rampup.window),
