@@ -30,6 +30,7 @@ from slotkit.feedback import current_request
 from slotkit.gate import GateClosedError
 from slotkit.handover import take
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
+from slotkit.meta_keys import warn_unknown_meta_keys
 from slotkit.outcomes import as_backoff, cut_by_cancel
 from slotkit.redirect_wait import note_redirect_wait, redirect_wait
 from slotkit.signaling import send_if_heard
@@ -135,6 +136,7 @@ class RequestPath:
             spider=self.crawler.spider,
         )
         arrived = self._clock.seconds()
+        warn_unknown_meta_keys(request.meta)
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
         #: The rate-limited answer this request waits to replace (None: not sent yet),
