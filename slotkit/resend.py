@@ -27,11 +27,11 @@ Limits, so that a site that never recovers cannot keep a crawl alive:
   queued behind newcomers, it would take the 429s for all of them.
 * A scope where a request stalled is marked stalled: its next signals are
   handed on at once, until one of its responses is not a signal.
-* A response that sets a cookie (``Set-Cookie``) is handed on when
-  ``CookiesMiddleware`` is enabled and the request merges cookies: a 429 that
-  sets one is often a challenge the next attempt must answer with it, and a
-  re-send below the middlewares would go out without it, again and again.
-  ``RetryMiddleware`` retries it instead, through the whole chain.
+* Cookies follow the re-send as they follow a retry: a re-send goes out
+  below the middlewares, so slotkit hands the answer to the crawl's
+  ``CookiesMiddleware`` (its jar keeps what ``Set-Cookie`` set) and lets it
+  write the re-sent request's ``Cookie`` header again. A 429 that sets a
+  cookie is often a challenge the next attempt must answer with it.
 
 Any other middleware that changes each attempt in ``process_request``
 (rotating user agents or proxies) does not see the re-sends either; such a
@@ -88,8 +88,10 @@ class Resender:
         retries = [mw for mw in middlewares if isinstance(mw, RetryMiddleware)]
         #: The crawl's RetryMiddleware (None: retrying is off, so is re-sending).
         self._retry: RetryMiddleware | None = retries[0] if retries else None
-        #: Whether cookies a response sets reach the next attempt (only through the chain).
-        self._cookies = any(isinstance(mw, CookiesMiddleware) for mw in middlewares)
+        #: The crawl's CookiesMiddleware, which a re-send must pass as a retry would.
+        self._cookies: CookiesMiddleware | None = next(
+            (mw for mw in middlewares if isinstance(mw, CookiesMiddleware)), None
+        )
         self._downloader_stats: DownloaderStats | None = next(
             (mw for mw in middlewares if isinstance(mw, DownloaderStats)), None
         )
@@ -133,15 +135,6 @@ class Resender:
         if any(scope.stalled for scope in scopes):
             self._stats.inc("backoff/handed_on_stalled")
             return False
-        if self._sets_cookies(request, response):
-            self._stats.inc("backoff/handed_on_cookie")
-            logger.debug(
-                "slotkit: %s answered %d with Set-Cookie; handed on so that "
-                "CookiesMiddleware keeps the cookie for RetryMiddleware's retry",
-                request,
-                response.status,
-            )
-            return False
         waited = self._clock.seconds() - limited_since
         if waited >= self.timeout:
             for scope in scopes:
@@ -159,6 +152,7 @@ class Resender:
             )
             return False
         self._stats.inc("backoff/resent")
+        self._carry_cookies(request, response)
         logger.debug(
             "slotkit: %s answered %d (rate limited); sending it again once %s allow "
             "(BACKOFF_RESEND; not counted as a retry)",
@@ -181,13 +175,18 @@ class Resender:
             max_times = getattr(retry, "max_retry_times", 0)
         return bool(meta.get("retry_times", 0) + 1 <= max_times)
 
-    def _sets_cookies(self, request: Request, response: Response) -> bool:
-        """Whether *response* sets a cookie that CookiesMiddleware would keep for *request*."""
-        return (
-            self._cookies
-            and b"Set-Cookie" in response.headers
-            and not request.meta.get("dont_merge_cookies", False)
-        )
+    def _carry_cookies(self, request: Request, response: Response) -> None:
+        """Do for the re-send what CookiesMiddleware does for a retry.
+
+        Its ``process_response`` keeps the cookies *response* set in the jar,
+        and its ``process_request`` writes the request's ``Cookie`` header
+        from the jar again (both honour ``dont_merge_cookies``).
+        """
+        cookies = self._cookies
+        if cookies is None:
+            return
+        cookies.process_response(request, response)
+        cookies.process_request(request)
 
     def count_answer(self, request: Request, response: Response, *, resent: bool) -> None:
         """Count an answer that never reaches the middlewares in Scrapy's downloader stats.
