@@ -244,6 +244,16 @@ class ScopeControl:
         if scope is None or self.crawl_delays is None:
             return
         self.crawl_delays.update_live(scope, self.scope_config(site))
+        view = scope.view
+        if view is not None and view.written:
+            # Set through downloader.slots (a plugin): like a THROTTLING_SCOPES
+            # entry, it outranks the Crawl-delay, with the same warning.
+            view.reapply()
+            faster = _faster_than_robots(view.written, delay)
+            if faster:
+                self.crawl_delays.warn_once(
+                    site, f"{faster} set through downloader.slots (Crawl-delay {delay:g}s)"
+                )
         self.gate.poke(scope)
 
     def _evicted(self, scope: Scope) -> None:
@@ -340,3 +350,13 @@ class ScopeControl:
                     scope.manager,
                 )
             self._recoveries_seen[scope.id] = recoveries
+
+
+def _faster_than_robots(written: dict[str, float], crawl_delay: float) -> str:
+    """What of *written* (through ``downloader.slots``) is faster than a Crawl-delay asks."""
+    faster = []
+    if written.get("delay", crawl_delay) < crawl_delay:
+        faster.append(f"delay {written['delay']:g}s")
+    if written.get("concurrency", 1) > 1:
+        faster.append(f"concurrency {written['concurrency']:g}")
+    return ", ".join(faster)

@@ -29,11 +29,14 @@ __all__ = ["SlotView", "SlotsView"]
 class SlotView:
     """One scope seen through ``scrapy.core.downloader.Slot``'s attributes."""
 
-    __slots__ = ("_gate", "_scope")
+    __slots__ = ("_gate", "_scope", "written")
 
     def __init__(self, scope: Scope, gate: Gate) -> None:
         self._scope = scope
         self._gate = gate
+        #: What was set through this view (attribute -> value), newest last: a
+        #: robots.txt Crawl-delay arriving later must not undo it (see reapply).
+        self.written: dict[str, float] = {}
 
     @property
     def key(self) -> str:
@@ -65,6 +68,7 @@ class SlotView:
 
     @delay.setter
     def delay(self, value: float) -> None:
+        self.written["delay"] = float(value)
         self._scope.manager.set_base_delay(float(value))
         self._gate.poke(self._scope)
 
@@ -74,6 +78,7 @@ class SlotView:
 
     @concurrency.setter
     def concurrency(self, value: int) -> None:
+        self.written["concurrency"] = int(value)
         self._scope.manager.set_concurrency(int(value))
         self._gate.poke(self._scope)
 
@@ -88,12 +93,24 @@ class SlotView:
         set_jitter = getattr(self._scope.manager, "set_jitter", None)
         if callable(set_jitter):
             magnitude = abs(float(value))
+            self.written["jitter"] = magnitude
             set_jitter((-magnitude, magnitude))
             self._gate.poke(self._scope)
 
     @property
     def randomize_delay(self) -> bool:
         return bool(self.jitter)
+
+    def reapply(self) -> None:
+        """Set again what was written through this view.
+
+        With Scrapy's downloader a plugin's ``slot.delay = 0`` or
+        ``slots[key] = Slot(...)`` holds until the slot goes; slotkit's
+        robots.txt support would otherwise reset it when the site's
+        Crawl-delay arrives, after the plugin had spoken.
+        """
+        for name, value in list(self.written.items()):
+            setattr(self, name, value)
 
     @property
     def lastseen(self) -> float:

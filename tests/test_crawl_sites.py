@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from scrapy import signals
+from scrapy.core.downloader import Slot
 from scrapy.resolver import dnscache
 
 from slotkit import SettingsError
@@ -427,3 +429,39 @@ async def test_crawl_delay_reaches_a_scope_named_host_port(mock_site: MockSite) 
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 4, delay=0.05))
     assert len(result.responses) == 4
     assert min(result.dispatch_gaps(HOST, path_prefix="/page")) >= CRAWL_DELAY - 0.001
+
+
+class PaceThroughSlots:
+    """An older plugin's way to pace a site: assign a Slot when the engine starts."""
+
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+        crawler.signals.connect(self.engine_started, signal=signals.engine_started)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> PaceThroughSlots:
+        return cls(crawler)
+
+    def engine_started(self) -> None:
+        self.crawler.engine.downloader.slots[HOST] = Slot(1, PLUGIN_DELAY, 0)
+
+
+PLUGIN_DELAY = 0.4
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_delay_does_not_undo_a_slot_a_plugin_assigned(mock_site: MockSite) -> None:
+    """A review: the Crawl-delay, arriving after the plugin spoke, reset its 0.4 s to 0.1 s.
+
+    With Scrapy's downloader the plugin's slot holds; here it outranks the
+    Crawl-delay as a THROTTLING_SCOPES entry would.
+    """
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 0.1\n")
+    settings = {
+        **SLOTKIT,
+        "ROBOTSTXT_OBEY": True,
+        "EXTENSIONS": {f"{__name__}.PaceThroughSlots": 0},
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 3))
+    assert len(result.responses) == 3
+    assert min(result.dispatch_gaps(HOST, path_prefix="/page")) >= PLUGIN_DELAY - 0.001
