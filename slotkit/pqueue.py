@@ -11,8 +11,9 @@ class can resume a job directory the other wrote. On top of that:
    slot first, then the higher request priority, then the request using the
    larger share of a scope's remaining quota, then the slot served longest
    ago.
-2. **Readiness.** Slots are asked, in that order, whether their head request
-   could be sent now (``downloader.time_until_ready(head)``);
+2. **Readiness.** Slots are asked, in that order (kept in a heap, see
+   :mod:`slotkit.pqueue_order`), whether their head request could be sent
+   now (``downloader.time_until_ready(head)``);
    :meth:`~ThrottlingAwarePriorityQueue.pop_ready` takes from the first that
    answers ``0.0``, so most slots are never asked, and
    :meth:`~ThrottlingAwarePriorityQueue.next_ready_in` says when the soonest
@@ -47,20 +48,19 @@ computed by :mod:`slotkit.pqueue_quota`.
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import logging
 import math
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
+from scrapy.pqueues import _path_safe
 
+from slotkit.pqueue_order import Rank, SlotOrder
 from slotkit.pqueue_quota import QuotaShares
 from slotkit.pqueue_readiness import Readiness, readiness_of
-from slotkit.pqueue_slot import _SlotQueue
+from slotkit.pqueue_slot import _SlotQueue, resume_legacy_job
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -70,14 +70,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Readiness", "ThrottlingAwarePriorityQueue", "readiness_of"]
 
-logger = logging.getLogger("slotkit")
-
 #: What the key of a slot's delayed sub-queue adds to the slot's (see
 #: ThrottlingAwarePriorityQueue._key).
 DELAYED = " (throttling_delay)"
-
-#: Sort key of a ready slot; smaller goes first (see ``ThrottlingAwarePriorityQueue.rank``).
-Rank = tuple[float, ...]
 
 
 class ThrottlingAwarePriorityQueue:
@@ -123,12 +118,15 @@ class ThrottlingAwarePriorityQueue:
         self.pqueues: dict[str, _SlotQueue] = {}
         #: slot key -> its next request and that request's scopes (asked once per head).
         self._heads: dict[str, tuple[Request, dict[str, float | None]]] = {}
-        #: slot key -> (not ready before, readiness generation when cached).
-        self._due: dict[str, tuple[float, int]] = {}
+        #: The slots in rank order, and the waits remembered for them (pqueue_order).
+        self._order = SlotOrder()
+        self._due = self._order.due
         #: slot key -> when it was last served (a counter), for fairness among equals.
         self._served: dict[str, int] = {}
         #: slot key -> the key version (Readiness.key_version) its head was filed under.
         self._keyed: dict[str, int] = {}
+        #: The key version when slots were last chosen.
+        self._version = 0
         self._turn = itertools.count(1)
         self.readiness.on_departure(self)
         if isinstance(slot_startprios, Mapping):
@@ -136,10 +134,11 @@ class ThrottlingAwarePriorityQueue:
                 queue = self.pqfactory(slot, startprios)
                 if queue:
                     self.pqueues[slot] = queue
+                    self._offer(slot)
                 else:  # nothing left on disk for it: never keep an empty slot queue
                     queue.close()
         elif slot_startprios:
-            self._migrate(list(slot_startprios))
+            resume_legacy_job(self, list(slot_startprios))
 
     def pqfactory(self, slot: str, startprios: Iterable[int] = ()) -> _SlotQueue:
         """The priority queue of *slot* (stored under ``key/<path-safe slot>`` on disk)."""
@@ -150,28 +149,6 @@ class ThrottlingAwarePriorityQueue:
             startprios,
             start_queue_cls=self._start_queue_cls,
         )
-
-    def _migrate(self, startprios: list[int]) -> None:
-        """Resume a job saved by ``ScrapyPriorityQueue``: move its requests into slot queues."""
-        if not all(isinstance(p, int) for p in startprios):
-            raise ValueError(
-                f"{type(self).__name__} cannot resume this job directory: its queue state "
-                f"{startprios!r} was written by an unknown priority queue. Resume it with the "
-                "SCHEDULER_PRIORITY_QUEUE it was started with, or start a new JOBDIR."
-            )
-        legacy = ScrapyPriorityQueue(
-            self.crawler,
-            self.downstream_queue_cls,
-            self.key,
-            startprios,
-            start_queue_cls=self._start_queue_cls,
-        )
-        moved = 0
-        while (request := legacy.pop()) is not None:
-            self.push(request)
-            moved += 1
-        legacy.close()
-        logger.info("slotkit: moved %d queued requests into per-slot queues", moved)
 
     # Queue protocol
 
@@ -190,6 +167,7 @@ class ThrottlingAwarePriorityQueue:
                 queue.close()
             raise
         self._forget(slot)
+        self._offer(slot)
 
     def pop(self) -> Request | None:
         """The best ready request; if none is ready, the one due soonest."""
@@ -215,7 +193,7 @@ class ThrottlingAwarePriorityQueue:
         active = {slot: queue.close() for slot, queue in self.pqueues.items()}
         self.pqueues.clear()
         self._heads.clear()
-        self._due.clear()
+        self._order.clear()
         self._keyed.clear()
         return active
 
@@ -262,49 +240,76 @@ class ThrottlingAwarePriorityQueue:
     def _choose(self, *, fallback: bool) -> tuple[str | None, float]:
         """The slot to pop from, or ``(None, seconds until the soonest one may be)``.
 
-        1. Slots with a cached "not yet" are skipped (see the module docstring).
-        2. The others are ranked, and asked for readiness best first; the
-           first ready one wins, so most slots are never asked.
+        1. Slots remembered as "not yet" are left out until their wait is
+           over (see the module docstring).
+        2. The others come out of the rank heap best first (see
+           :mod:`slotkit.pqueue_order`) and are asked for readiness; the
+           first ready one wins, so most slots are never asked or ranked.
         With *fallback*, a slot is returned whenever any request is queued.
         """
+        if not self.pqueues:
+            return None, math.inf
         readiness = self.readiness
-        if not readiness.knows_readiness:  # Scrapy's downloader: everything is ready
-            ranked = [(self.rank(slot, self._head(slot)), slot) for slot in self.pqueues]
-            return (min(ranked)[1], 0.0) if ranked else (None, math.inf)
-        version = readiness.key_version()
-        if version:
-            for slot in [s for s in self.pqueues if self._keyed.get(s) != version]:
-                self._refile(slot, version)
-        now = readiness.now()
-        soonest = math.inf
-        soonest_slot: str | None = None
-        candidates: list[tuple[Rank, str]] = []
-        for slot in self.pqueues:
-            wait = self._cached_wait(slot, now)
-            if wait is None:
-                candidates.append((self.rank(slot, self._head(slot)), slot))
-            elif wait < soonest or soonest_slot is None:
-                soonest, soonest_slot = wait, slot
-        heapq.heapify(candidates)
-        blocked = readiness.blocked_scopes()
-        while candidates:
-            _, slot = heapq.heappop(candidates)
-            wait = self._ask(slot, now, blocked)
-            if wait <= 0:
-                return slot, 0.0
-            if wait < soonest or soonest_slot is None:
-                soonest, soonest_slot = wait, slot
+        order = self._order
+        knows = readiness.knows_readiness
+        now = readiness.now() if knows else 0.0
+        if knows:
+            for slot in order.due_again(now, readiness.generation):
+                self._offer(slot)
+        version = readiness.key_version() if knows else 0
+        if version != self._version:
+            # A Crawl-delay became known: a slot waiting behind a head that now
+            # belongs to its site's sub-queue must be refiled now, not once
+            # that head's wait is over (refiling happens as slots surface).
+            self._version = version
+            for slot in list(order.due):
+                order.forget_wait(slot)
+                self._offer(slot)
+        blocked = readiness.blocked_scopes() if knows else set()
+        # Slots taken off the heap and neither chosen nor remembered as waiting
+        # go back when the choice is made (the chosen one too: peek() leaves it).
+        back: list[str] = []
+        chosen: str | None = None
+        soonest, soonest_slot = math.inf, None
+        try:
+            while (best := order.take_best()) is not None:
+                filed, slot = best
+                if slot not in self.pqueues:  # pragma: no cover - entries go with their queue
+                    continue
+                if version and self._keyed.get(slot) != version:
+                    self._refile(slot, version)  # may move its head elsewhere
+                    if slot in self.pqueues:
+                        self._offer(slot)
+                    continue
+                rank = self.rank(slot, self._head(slot))
+                if rank > filed:  # busier than when filed: file it again
+                    order.offer(slot, rank)
+                    continue
+                wait = self._ask(slot, now, blocked) if knows else 0.0
+                if wait <= 0:
+                    chosen = slot
+                    back.append(slot)
+                    break
+                if slot not in self._due:  # a request in transit decides: ask again next time
+                    back.append(slot)
+                if wait < soonest or soonest_slot is None:
+                    soonest, soonest_slot = wait, slot
+        finally:
+            for slot in back:
+                self._offer(slot)
+        if chosen is not None:
+            return chosen, 0.0
+        remembered, remembered_slot = order.soonest(now)
+        if remembered < soonest or soonest_slot is None:
+            soonest, soonest_slot = remembered, remembered_slot
+        if soonest_slot is None:
+            soonest_slot = next(iter(self.pqueues))
         return (soonest_slot if fallback else None), soonest
 
-    def _cached_wait(self, slot: str, now: float) -> float | None:
-        """The remembered wait of *slot*, or ``None`` if it must be asked."""
-        cached = self._due.get(slot)
-        if cached is None:
-            return None
-        due, generation = cached
-        if math.isinf(due):
-            return math.inf if generation == self.readiness.generation else None
-        return due - now if now < due else None
+    def _offer(self, slot: str) -> None:
+        """File *slot* in the rank heap under its current rank (it may be ready)."""
+        if slot in self.pqueues:
+            self._order.offer(slot, self.rank(slot, self._head(slot)))
 
     def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
         """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
@@ -312,7 +317,7 @@ class ThrottlingAwarePriorityQueue:
         head = self._head(slot)
         wait = readiness.wait(head)
         if wait > 0:
-            self._due[slot] = (now + wait, readiness.generation)
+            self._order.remember_wait(slot, now + wait, readiness.generation)
             return wait
         if blocked and not blocked.isdisjoint(self._heads[slot][1]):
             return math.inf  # not remembered: the arrival of the request in transit decides
@@ -373,6 +378,7 @@ class ThrottlingAwarePriorityQueue:
         request = self._pop_from(slot)
         if slot in self.pqueues:
             self._served[slot] = next(self._turn)
+            self._offer(slot)
         if request is not None:
             self.readiness.handed_out(request)
         return request
@@ -384,6 +390,7 @@ class ThrottlingAwarePriorityQueue:
         self._forget(slot)
         if not queue:
             del self.pqueues[slot]
+            self._order.discard(slot)
             self._served.pop(slot, None)
             queue.close()
             if self.key:
@@ -395,12 +402,16 @@ class ThrottlingAwarePriorityQueue:
     def departed(self, slot: str) -> None:
         """A request of *slot* left the downloader: a finite wait remembered for it
         may now be too long (``math.inf`` ones are re-asked by generation anyway)."""
+        order = self._order
         for key in (slot, f"{slot}{DELAYED}"):
-            cached = self._due.get(key)
-            if cached is not None and not math.isinf(cached[0]):
-                del self._due[key]
+            if order.waits_finitely(key):
+                order.forget_wait(key)
+                self._offer(key)
+            elif order.offered(key):
+                self._offer(key)  # one fewer busy: its rank may have improved
 
     def _forget(self, slot: str) -> None:
+        """Forget what was known of *slot*'s head; the caller offers it again."""
         self._heads.pop(slot, None)
-        self._due.pop(slot, None)
+        self._order.forget_wait(slot)
         self._keyed.pop(slot, None)

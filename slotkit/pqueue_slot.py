@@ -1,15 +1,19 @@
-"""One download slot's priority queue (part of :mod:`slotkit.pqueue`)."""
+"""One download slot's priority queue, and resuming a job of Scrapy's
+``ScrapyPriorityQueue`` (part of :mod:`slotkit.pqueue`)."""
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from queuelib.queue import LifoDiskQueue
 from scrapy.pqueues import ScrapyPriorityQueue
 
 if TYPE_CHECKING:
     from scrapy import Request
+
+logger = logging.getLogger("slotkit")
 
 
 class _SlotQueue(ScrapyPriorityQueue):
@@ -38,3 +42,27 @@ class _SlotQueue(ScrapyPriorityQueue):
             # job's queue would be corrupt (OSError on a later pop).
             queue.f.seek(0, os.SEEK_END)
         return request
+
+
+def resume_legacy_job(queue: Any, startprios: list[int]) -> None:
+    """Move the requests of a job saved by ``ScrapyPriorityQueue`` into *queue*'s
+    per-slot queues (a ``ThrottlingAwarePriorityQueue``)."""
+    if not all(isinstance(p, int) for p in startprios):
+        raise ValueError(
+            f"{type(queue).__name__} cannot resume this job directory: its queue state "
+            f"{startprios!r} was written by an unknown priority queue. Resume it with the "
+            "SCHEDULER_PRIORITY_QUEUE it was started with, or start a new JOBDIR."
+        )
+    legacy = ScrapyPriorityQueue(
+        queue.crawler,
+        queue.downstream_queue_cls,
+        queue.key,
+        startprios,
+        start_queue_cls=queue._start_queue_cls,
+    )
+    moved = 0
+    while (request := legacy.pop()) is not None:
+        queue.push(request)
+        moved += 1
+    legacy.close()
+    logger.info("slotkit: moved %d queued requests into per-slot queues", moved)
