@@ -35,6 +35,7 @@ from slotkit.manager import (
     ThrottlingManager,
     build_manager,
 )
+from slotkit.meta_keys import MetaKeyCheck
 from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
@@ -150,6 +151,8 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self._default_get_scopes = type(self.manager).get_scopes is ThrottlingManager.get_scopes
         #: THROTTLING_DEBUG only: recoveries already logged, per scope id.
         self._recoveries_seen: dict[str, int] = {}
+        #: Says once per crawl which meta keys look misspelt.
+        self._meta_keys = MetaKeyCheck()
         #: Scrapy's own scheduler only: says once when slowed sites fill every place.
         self._crowding = (
             None

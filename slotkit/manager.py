@@ -8,7 +8,7 @@ group requests differently; the helpers :func:`scope_cache`,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -126,8 +126,12 @@ class ThrottlingManager:
     def _default_scopes(self, request: Request) -> Scopes:
         meta = request.meta
         scopes = meta.get("throttling_scopes")
+        if isinstance(scopes, Iterator):
+            # A generator or map() would be used up by its first reader (the
+            # priority queue, say) and leave the download with no scope.
+            scopes = meta["throttling_scopes"] = list(scopes)
         if scopes is not None and not _empty_collection(scopes):
-            return scopes  # type: ignore[no-any-return]
+            return scopes
         slot = meta.get(DOWNLOAD_SLOT)
         if slot is not None and slot != meta.get(AUTO_SLOT):
             return str(slot)
@@ -300,10 +304,11 @@ def build_manager(crawler: Crawler, cls: type | None) -> Any:
 
 
 def _empty_collection(value: object) -> bool:
-    """Whether a ``throttling_scopes`` value is an empty set, list, tuple or dict.
+    """Whether a ``throttling_scopes`` value is an empty collection (set, list,
+    dict, ``dict.keys()``, ``range(0)`` ...).
 
     A scope list built in code may come out empty. Taking that as "no scopes"
     would send the request with no limit at all, silently; the request keeps
     its site's scope instead. (An empty string is a bad id and fails the request.)
     """
-    return isinstance(value, (set, frozenset, list, tuple, Mapping)) and not value
+    return isinstance(value, Collection) and not isinstance(value, str) and len(value) == 0

@@ -30,7 +30,7 @@ from slotkit.feedback import current_request
 from slotkit.gate import GateClosedError
 from slotkit.handover import take
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
-from slotkit.meta_keys import warn_unknown_meta_keys
+from slotkit.meta_keys import MetaKeyCheck
 from slotkit.outcomes import as_backoff, cut_by_cancel
 from slotkit.redirect_wait import note_redirect_wait, redirect_wait
 from slotkit.signaling import send_if_heard
@@ -83,6 +83,7 @@ class RequestPath:
     _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
     _resending: WeakSet[Request]
     _crowding: CrowdingWatch | None
+    _meta_keys: MetaKeyCheck
     _lent_dont_retry: WeakKeyDictionary[Request, object]
     _default_get_scopes: bool
     _get_scopes: Callable[[Request], Any]
@@ -136,7 +137,7 @@ class RequestPath:
             spider=self.crawler.spider,
         )
         arrived = self._clock.seconds()
-        warn_unknown_meta_keys(request.meta)
+        self._meta_keys.check(request.meta)
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
         #: The rate-limited answer this request waits to replace (None: not sent yet),

@@ -400,6 +400,16 @@ def test_meta_selects_scopes(capsys):
     assert limit(data, "users", "delay")[0] == 5.0
 
 
+def test_a_misspelt_meta_key_is_named(capsys):
+    """A review: explain quietly showed the host's scope, where a user would go to look."""
+    data = explain_json(capsys, "https://a.example/", "--meta", '{"throttle_scopes": "api"}')
+    assert [scope["id"] for scope in data["scopes"]] == ["a.example"]
+    assert (
+        "--meta key 'throttle_scopes' is ignored: slotkit does not read it "
+        "(did you mean 'throttling_scopes'?)" in data["notes"]
+    )
+
+
 @pytest.mark.parametrize(
     "meta",
     ['{"throttling_scopes": 5}', '{"throttling_scopes": {"a": -1}}', '{"throttling_scopes": ""}'],

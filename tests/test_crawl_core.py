@@ -201,16 +201,22 @@ async def test_a_bad_per_request_delay_is_ignored_with_a_warning(mock_site: Mock
 
 @pytest_twisted.ensureDeferred
 async def test_a_misspelt_meta_key_is_warned_about_once(mock_site: MockSite) -> None:
-    """A spec audit: ``throttling_scope`` was ignored without a word (settings get a warning)."""
-    urls = [
-        {"url": mock_site.url("127.0.0.1", f"/page/{i}"), "meta": {"throttling_scope": "api"}}
-        for i in range(3)
-    ]
+    """A spec audit: ``throttling_scope`` was ignored without a word (settings get a warning).
+
+    Near misses without the prefix (``throttle_delay``) too; other keys not.
+    """
+    meta = {"throttling_scope": "api", "throttle_delay": 0.1, "download_timeout": 5}
+    urls = [{"url": mock_site.url("127.0.0.1", f"/page/{i}"), "meta": meta} for i in range(3)]
     result = await run_crawl(ListSpider, SLOTKIT, urls=urls)
     assert len(result.responses) == 3
-    warned = [r.getMessage() for r in result.log_records if "'throttling_scope'" in r.getMessage()]
-    assert len(warned) == 1
-    assert "did you mean 'throttling_scopes'?" in warned[0]
+    said = "is ignored: slotkit reads"
+    warned = [r.getMessage() for r in result.log_records if said in r.getMessage()]
+    assert len(warned) == 2
+    assert "'throttling_scope' is ignored" in warned[0]
+    assert "(did you mean 'throttling_scopes'?)" in warned[0]
+    assert "(did you mean 'throttling_delay'?)" in warned[1]
+    again = await run_crawl(ListSpider, SLOTKIT, urls=urls[:1])  # each crawl says it
+    assert sum(said in r.getMessage() for r in again.log_records) == 2
 
 
 @pytest_twisted.ensureDeferred

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -96,11 +97,24 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
-@pytest.mark.parametrize("empty", [set(), [], (), {}], ids=["set", "list", "tuple", "dict"])
+@pytest.mark.parametrize(
+    "empty",
+    [set(), [], (), {}, {}.keys(), range(0), deque(), iter([])],
+    ids=["set", "list", "tuple", "dict", "keys", "range", "deque", "iterator"],
+)
 def test_empty_throttling_scopes_meta_keeps_the_site_scope(crawler, empty: Any):
     """A scope list that came out empty must not send the request with no limit at all."""
     request = Request("https://a.example/x", meta={"throttling_scopes": empty})
     assert ThrottlingManager(crawler).get_scopes(request) == "a.example"
+
+
+def test_a_throttling_scopes_iterator_is_read_once_and_kept(crawler):
+    """A review: a generator in the meta was used up by its first reader (the
+    priority queue), and the download then ran with no scope at all."""
+    request = Request("https://a.example/x", meta={"throttling_scopes": (s for s in ["api"])})
+    manager = ThrottlingManager(crawler)
+    assert normalize_scopes(manager.get_scopes(request)) == {"api": None}
+    assert normalize_scopes(manager.get_scopes(request)) == {"api": None}
 
 
 def test_throttling_scopes_meta_wins_over_download_slot(crawler):

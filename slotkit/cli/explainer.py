@@ -15,6 +15,7 @@ from slotkit.cli.common import CommandError, _origin
 from slotkit.cli.explanation import NOTE_PROVIDERS, ExplainContext, Explanation, Value
 from slotkit.cli.formatting import _class_path, _seconds
 from slotkit.cli.sources import _explain_scope
+from slotkit.meta_keys import misspelt_meta_key
 
 if TYPE_CHECKING:
     from scrapy.settings import Settings
@@ -214,6 +215,11 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
         ),
     }
     notes = [note for provider in NOTE_PROVIDERS for note in provider(context)]
+    for key in meta or {}:
+        misspelt = misspelt_meta_key(key)
+        if misspelt is not None:
+            hint = f" (did you mean {misspelt!r}?)" if misspelt else ""
+            notes.append(f"--meta key {key!r} is ignored: slotkit does not read it{hint}")
     return Explanation(url, manager_name, manager_note, explained, crawl, notes)
 
 
