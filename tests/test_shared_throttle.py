@@ -1189,3 +1189,11 @@ def test_a_rampup_target_of_zero_tells_the_store_to_step_up_after_clean_windows(
     assert manager.rampup_args()[:2] == ["1", "1"]
     manager = SharedScopeManager({"rampup": {"backoff_target": [2, 3]}})
     assert manager.rampup_args()[:2] == ["1", "2"]
+
+
+def test_slot_jitter_writes_reach_a_shared_scope():
+    """``slot.jitter = x`` (downloader.slots) works in shared mode too (a review)."""
+    manager = SharedScopeManager({"concurrency": 2, "delay": 1.0})
+    manager.set_jitter((-0.25, 0.25))
+    assert manager.jitter == (-0.25, 0.25)
+    assert manager.fallback.jitter == (-0.25, 0.25)

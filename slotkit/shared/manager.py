@@ -25,7 +25,7 @@ from slotkit.policy import Uniform, jitter_factor
 from slotkit.rampup import rampup_from_dict
 from slotkit.scope import SHARED_RNG, ThrottlingScopeManager
 from slotkit.shared.twin import fmt
-from slotkit.validation import NO_JITTER, parse_jitter
+from slotkit.validation import NO_JITTER, Jitter, parse_jitter
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -231,6 +231,11 @@ class SharedScopeManager:
     def set_concurrency(self, concurrency: int) -> None:
         self.concurrency = max(1, int(concurrency))
         self.scale(self._workers, self._rank)
+
+    def set_jitter(self, jitter: Jitter) -> None:
+        """Draw this worker's intervals with *jitter* from now on (fallback too)."""
+        self.jitter = jitter
+        self.fallback.set_jitter(jitter)
 
     def is_idle(self, now: float, max_idle: float) -> bool:
         if self.active or now < self.hold_until:
