@@ -120,6 +120,8 @@ class ThrottlingAwarePriorityQueue:
         self._heads: dict[str, tuple[Request, dict[str, float | None]]] = {}
         #: The slots in rank order, and the waits remembered for them (pqueue_order).
         self._order = SlotOrder()
+        #: Slots whose head spends a quota: its share changes as others spend it.
+        self._sharing: set[str] = set()
         self._due = self._order.due
         #: slot key -> when it was last served (a counter), for fairness among equals.
         self._served: dict[str, int] = {}
@@ -194,6 +196,7 @@ class ThrottlingAwarePriorityQueue:
         self.pqueues.clear()
         self._heads.clear()
         self._order.clear()
+        self._sharing.clear()
         self._keyed.clear()
         return active
 
@@ -266,14 +269,19 @@ class ThrottlingAwarePriorityQueue:
                 order.forget_wait(slot)
                 self._offer(slot)
         blocked = readiness.blocked_scopes() if knows else set()
+        for slot in [s for s in self._sharing if order.offered(s)]:
+            # A quota share grows as others spend the quota, unannounced.
+            self._offer(slot)
         # Slots taken off the heap and neither chosen nor remembered as waiting
         # go back when the choice is made (the chosen one too: peek() leaves it).
         back: list[str] = []
+        refiled: set[str] = set()
         chosen: str | None = None
         soonest, soonest_slot = math.inf, None
+        current: tuple[Rank, str] | None = None
         try:
-            while (best := order.take_best()) is not None:
-                filed, slot = best
+            while (current := order.take_best()) is not None:
+                filed, slot = current
                 if slot not in self.pqueues:  # pragma: no cover - entries go with their queue
                     continue
                 if version and self._keyed.get(slot) != version:
@@ -282,7 +290,11 @@ class ThrottlingAwarePriorityQueue:
                         self._offer(slot)
                     continue
                 rank = self.rank(slot, self._head(slot))
-                if rank > filed:  # busier than when filed: file it again
+                if rank > filed and slot not in refiled:
+                    # Busier than when filed: file it again. Once per choice: a
+                    # rank that worsens with time (a quota filling up) would
+                    # otherwise come straight back out, again and again.
+                    refiled.add(slot)
                     order.offer(slot, rank)
                     continue
                 wait = self._ask(slot, now, blocked) if knows else 0.0
@@ -294,7 +306,14 @@ class ThrottlingAwarePriorityQueue:
                     back.append(slot)
                 if wait < soonest or soonest_slot is None:
                     soonest, soonest_slot = wait, slot
+            current = None
         finally:
+            if current is not None:
+                # Something raised while this slot was off the heap (a custom
+                # manager, a disk queue): file it back, or it would never go.
+                filed, slot = current
+                if slot in self.pqueues and not order.offered(slot) and slot not in self._due:
+                    order.offer(slot, filed)
             for slot in back:
                 self._offer(slot)
         if chosen is not None:
@@ -309,7 +328,12 @@ class ThrottlingAwarePriorityQueue:
     def _offer(self, slot: str) -> None:
         """File *slot* in the rank heap under its current rank (it may be ready)."""
         if slot in self.pqueues:
-            self._order.offer(slot, self.rank(slot, self._head(slot)))
+            rank = self.rank(slot, self._head(slot))
+            self._order.offer(slot, rank)
+            if rank[2]:  # its head spends a quota: ranked again at every choice
+                self._sharing.add(slot)
+            else:
+                self._sharing.discard(slot)
 
     def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
         """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
@@ -391,6 +415,7 @@ class ThrottlingAwarePriorityQueue:
         if not queue:
             del self.pqueues[slot]
             self._order.discard(slot)
+            self._sharing.discard(slot)
             self._served.pop(slot, None)
             queue.close()
             if self.key:

@@ -11,9 +11,10 @@ every slot on every pop made one pop cost 15 ms with 10,000 slots queued and
 * the queue checks the rank of an entry that surfaces: a rank that grew
   worse meanwhile (its scope got busier) is filed again, so the first entry
   whose rank still holds is the best slot, as far as ranks only worsen
-  unannounced. Those that improve are announced (a request of the slot left
-  the downloader, a request of higher priority was queued) by offering the
-  slot again;
+  unannounced. Those that improve are announced (a request of one of the
+  slot's scopes left the downloader, a request of higher priority was
+  queued) by offering the slot again; slots whose head spends a quota,
+  whose share grows as others spend it, are ranked again at every choice;
 * a slot remembered as not ready leaves the rank heap: a finite wait goes
   into a heap of due times and comes back once it has passed; an infinite
   one ("full until a download finishes") comes back when the readiness

@@ -197,9 +197,13 @@ class Readiness:
         self._drop(request)
         self.generation += 1
         if self._queues:
-            slot = self.slot_of(request)
+            # Every scope of the request has one fewer busy request: the slots
+            # named after them (a group's, with a site's Crawl-delay; one a
+            # throttling_scopes meta names) may rank better now.
+            keys = dict.fromkeys((self.slot_of(request), *self.scopes(request)))
             for queue in list(self._queues):
-                queue.departed(slot)
+                for key in keys:
+                    queue.departed(key)
 
 
 _readiness: WeakKeyDictionary[Crawler, Readiness] = WeakKeyDictionary()

@@ -885,3 +885,157 @@ def test_scopes_of_other_managers_get_no_guessed_share() -> None:
     queue, _ = _quota_queue({"budget": {"quota": 10.0, "manager": manager}})
     request = req("a.example", meta={"throttling_scopes": {"a.example": None, "budget": 3.0}})
     assert queue.quota_share(request) == 0.0
+
+
+# ------------------------------------------------- the heap, found by a review
+
+
+def test_quota_share_raised_by_another_slots_spending() -> None:
+    """Slots a and b share a 'budget' quota scope. Slot d spends 6 of 10 units;
+    then a (2 units) uses 2/4 = 0.5 of what is left, b (1 unit) 1/4: a goes
+    first, though it was filed under 2/10 = 0.2."""
+    crawler, downloader, engine, _, _ = slotkit_setup(
+        {"THROTTLING_SCOPES": {"budget": {"quota": 10.0, "concurrency": 10}}}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    scopes = lambda host, amount: {"throttling_scopes": {host: None, "budget": amount}}  # noqa: E731
+    queue.push(req("d.example", meta=scopes("d.example", 6.0)))
+    queue.push(req("a.example", meta=scopes("a.example", 2.0)))
+    d = queue.pop_ready()
+    assert d is not None
+    assert d.url == "http://d.example/0"
+    engine.fetch(d)
+    engine.arrive(d)  # the gate counts 6 units of budget
+    engine.finish(d)
+    queue.push(req("b.example", meta=scopes("b.example", 1.0)))
+    assert queue.quota_share(queue._head("a.example")) == pytest.approx(0.5)
+    assert queue.quota_share(queue._head("b.example")) == pytest.approx(0.25)
+    assert queue.pop_ready().url == "http://a.example/0"
+
+
+def test_busy_of_a_non_primary_scope_drops_unannounced() -> None:
+    """x's request also counts in scope a.example (not its primary). When it
+    leaves, a.example (priority 5, no longer busy) goes before b.example."""
+    crawler, downloader, engine, _, _ = slotkit_setup({})
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("x.example", meta={"throttling_scopes": ["x.example", "a.example"]}))
+    x = queue.pop_ready()
+    engine.fetch(x)
+    engine.arrive(x)
+    assert queue.busy("a.example") == 1
+    queue.push(req("a.example", 1, priority=5))
+    queue.push(req("b.example", 1, priority=0))
+    engine.finish(x)
+    assert queue.busy("a.example") == 0
+    assert queue.pop_ready().url == "http://a.example/1"
+
+
+def test_group_slot_not_reoffered_when_a_crawl_delayed_site_request_leaves() -> None:
+    """THROTTLING_DOMAIN_GROUPING and a robots.txt Crawl-delay: requests of the
+    delayed site s.example.com sit in slot 's.example.com' but also count in the
+    group scope 'example.com'; one leaving must refile the group's slot too."""
+    crawler, downloader, engine, _, _ = slotkit_setup(
+        {
+            "THROTTLING_DOMAIN_GROUPING": "registrable_domain",
+            "ROBOTSTXT_OBEY": True,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+        }
+    )
+    downloader.crawl_delays.delays["s.example.com"] = 0.5
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("s.example.com", 1))
+    s1 = queue.pop_ready()
+    assert s1 is not None
+    engine.fetch(s1)
+    engine.arrive(s1)
+    assert queue.busy("example.com") == 1
+    queue.push(req("www.example.com", 1, priority=5))  # slot: group example.com
+    queue.push(req("other.org", 1, priority=0))
+    engine.finish(s1)
+    assert queue.busy("example.com") == 0
+    assert queue.pop_ready().url == "http://www.example.com/1"
+
+
+# ---------------------------------------------------------------- stalls
+
+
+class FlakyDownloader(FakeDownloader):
+    """time_until_ready raises once for one host (a custom scope manager's hiccup)."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.fail_once: set[str] = set()
+
+    def time_until_ready(self, request: Request) -> float:
+        key = self.get_slot_key(request)
+        if key in self.fail_once:
+            self.fail_once.discard(key)
+            raise RuntimeError("transient failure")
+        return super().time_until_ready(request)
+
+
+def test_an_exception_while_choosing_keeps_the_slot() -> None:
+    """A raise while a slot was off the heap left it neither ranked nor waiting."""
+    clock = Clock()
+    crawler = get_crawler(settings_dict={})
+    downloader = FlakyDownloader(clock)
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("a", 1))
+    downloader.fail_once.add("a")
+    with pytest.raises(RuntimeError):
+        queue.pop_ready()
+    assert len(queue) == 1
+    assert queue.pop_ready() is not None
+
+
+# ---------------------------------------------------------------- livelock
+
+
+class Bucket:
+    """A custom manager's token-bucket quota: refills continuously."""
+
+    def __init__(self, downloader: Any) -> None:
+        self.dl = downloader
+
+    def quota_available(self, now: float) -> float:
+        return min(100.0, 1.0 + 0.001 * now)  # 1 unit per 1000 s
+
+
+class BucketScope:
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.requests: set[Request] = set()
+
+
+class RealTimeDownloader(FakeDownloader):
+    """now() moves on each call, as a real clock does between two calls."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.calls = 0
+        self.scopes = {"budget": BucketScope(Bucket(self))}
+        self.registry = self
+
+    def peek(self, scope_id: str) -> Any:
+        return self.scopes.get(scope_id)
+
+    def now(self) -> float:
+        self.calls += 1
+        if self.calls > 200_000:
+            raise RuntimeError(f"livelock: now() called {self.calls} times in one pop")
+        self.clock.advance(0.000_01)  # 10 us per call
+        return self.clock.seconds()
+
+
+def test_a_continuously_refilling_quota_does_not_spin_the_rank_check() -> None:
+    """A rank that worsens with every look was filed again and again in one pop."""
+    clock = Clock()
+    crawler = get_crawler(settings_dict={})
+    downloader = RealTimeDownloader(clock)
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("a", 1, meta={"throttling_scopes": {"a": None, "budget": 1.0}}))
+    downloader.calls = 0
+    assert queue.pop_ready() is not None
+    assert downloader.calls < 100
