@@ -120,9 +120,6 @@ class ThrottlingAwarePriorityQueue:
         self._heads: dict[str, tuple[Request, dict[str, float | None]]] = {}
         #: The slots in rank order, and the waits remembered for them (pqueue_order).
         self._order = SlotOrder()
-        #: Slots whose head spends a quota: its share changes as others spend it.
-        self._sharing: set[str] = set()
-        self._due = self._order.due
         #: slot key -> when it was last served (a counter), for fairness among equals.
         self._served: dict[str, int] = {}
         #: slot key -> the key version (Readiness.key_version) its head was filed under.
@@ -196,7 +193,6 @@ class ThrottlingAwarePriorityQueue:
         self.pqueues.clear()
         self._heads.clear()
         self._order.clear()
-        self._sharing.clear()
         self._keyed.clear()
         return active
 
@@ -269,7 +265,7 @@ class ThrottlingAwarePriorityQueue:
                 order.forget_wait(slot)
                 self._offer(slot)
         blocked = readiness.blocked_scopes() if knows else set()
-        for slot in [s for s in self._sharing if order.offered(s)]:
+        for slot in order.to_recheck():
             # A quota share grows as others spend the quota, unannounced.
             self._offer(slot)
         # Slots taken off the heap and neither chosen nor remembered as waiting
@@ -295,14 +291,14 @@ class ThrottlingAwarePriorityQueue:
                     # rank that worsens with time (a quota filling up) would
                     # otherwise come straight back out, again and again.
                     refiled.add(slot)
-                    order.offer(slot, rank)
+                    order.offer(slot, rank, recheck=bool(rank[2]))
                     continue
                 wait = self._ask(slot, now, blocked) if knows else 0.0
                 if wait <= 0:
                     chosen = slot
                     back.append(slot)
                     break
-                if slot not in self._due:  # a request in transit decides: ask again next time
+                if slot not in order.due:  # a request in transit decides: ask again next time
                     back.append(slot)
                 if wait < soonest or soonest_slot is None:
                     soonest, soonest_slot = wait, slot
@@ -312,8 +308,8 @@ class ThrottlingAwarePriorityQueue:
                 # Something raised while this slot was off the heap (a custom
                 # manager, a disk queue): file it back, or it would never go.
                 filed, slot = current
-                if slot in self.pqueues and not order.offered(slot) and slot not in self._due:
-                    order.offer(slot, filed)
+                if slot in self.pqueues and not order.offered(slot) and slot not in order.due:
+                    order.offer(slot, filed, recheck=bool(filed[2]))
             for slot in back:
                 self._offer(slot)
         if chosen is not None:
@@ -326,14 +322,14 @@ class ThrottlingAwarePriorityQueue:
         return (soonest_slot if fallback else None), soonest
 
     def _offer(self, slot: str) -> None:
-        """File *slot* in the rank heap under its current rank (it may be ready)."""
+        """File *slot* in the rank heap under its current rank (it may be ready).
+
+        A head that spends a quota is ranked again at every choice: its
+        share grows as other slots spend the same quota.
+        """
         if slot in self.pqueues:
             rank = self.rank(slot, self._head(slot))
-            self._order.offer(slot, rank)
-            if rank[2]:  # its head spends a quota: ranked again at every choice
-                self._sharing.add(slot)
-            else:
-                self._sharing.discard(slot)
+            self._order.offer(slot, rank, recheck=bool(rank[2]))
 
     def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
         """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
@@ -415,7 +411,6 @@ class ThrottlingAwarePriorityQueue:
         if not queue:
             del self.pqueues[slot]
             self._order.discard(slot)
-            self._sharing.discard(slot)
             self._served.pop(slot, None)
             queue.close()
             if self.key:

@@ -54,6 +54,8 @@ class SlotOrder:
         self.due: dict[str, tuple[float, int]] = {}
         #: (due time, slot) of the finite waits in ``due``.
         self._dues: list[tuple[float, str]] = []
+        #: Slots ranked again at every choice (their rank improves unannounced).
+        self._recheck: set[str] = set()
         #: Slots remembered as waiting for a download to finish (``inf`` in ``due``).
         self._full: set[str] = set()
         #: The readiness generation ``_full`` was last checked against.
@@ -62,14 +64,20 @@ class SlotOrder:
     def clear(self) -> None:
         self._ranked.clear()
         self._live.clear()
+        self._recheck.clear()
         self.due.clear()
         self._dues.clear()
         self._full.clear()
 
     # Slots that may be ready
 
-    def offer(self, slot: str, rank: Rank) -> None:
-        """File *slot* under *rank*, superseding any entry it had."""
+    def offer(self, slot: str, rank: Rank, *, recheck: bool = False) -> None:
+        """File *slot* under *rank*, superseding any entry it had; with *recheck*,
+        :meth:`to_recheck` names it until it is filed without."""
+        if recheck:
+            self._recheck.add(slot)
+        else:
+            self._recheck.discard(slot)
         number = next(self._numbers)
         self._live[slot] = number
         heapq.heappush(self._ranked, (rank, slot, number))
@@ -80,6 +88,10 @@ class SlotOrder:
     def offered(self, slot: str) -> bool:
         """Whether *slot* has a live entry in the rank heap."""
         return slot in self._live
+
+    def to_recheck(self) -> list[str]:
+        """The filed slots whose rank may have improved unannounced."""
+        return [slot for slot in self._recheck if slot in self._live]
 
     def take_best(self) -> tuple[Rank, str] | None:
         """Remove and return the best live entry (``None``: no slot may be ready)."""
@@ -93,6 +105,7 @@ class SlotOrder:
     def discard(self, slot: str) -> None:
         """Forget *slot* entirely (its queue is gone, or its wait no longer holds)."""
         self._live.pop(slot, None)
+        self._recheck.discard(slot)
         self.forget_wait(slot)
 
     # Slots remembered as waiting
