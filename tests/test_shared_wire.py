@@ -128,6 +128,10 @@ class FakeRedis:
                 self.refused += 1
                 writer.write(b"-NOPERM this user has no permissions to run it\r\n")
                 continue
+            if words[0].upper() == b"HELLO":  # redis-py 8 opens RESP3 connections
+                version = int(words[1]) if len(words) > 1 else 2
+                writer.write(b"%%1\r\n$5\r\nproto\r\n:%d\r\n" % version)
+                continue
             if words[0].upper() != b"EVALSHA":
                 writer.write(b"+OK\r\n")
                 if b"LIB-VER" in words and self.hung_up < self.hang_up:  # the handshake's last

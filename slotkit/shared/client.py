@@ -124,12 +124,18 @@ class TwinBackend:
         self._callbacks.clear()
 
 
-def _no_retry() -> dict[str, Any]:
-    """redis-py options: fail fast, the shared throttle does its own retrying."""
+def _no_retry(*, asyncio_client: bool) -> dict[str, Any]:
+    """redis-py options: fail fast, the shared throttle does its own retrying.
+
+    The asyncio client gets the asyncio ``Retry`` (redis-py 8 converts a
+    synchronous one, with a warning per connection pool).
+    """
+    from redis.asyncio.retry import Retry as AsyncRetry
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    return {"retry": Retry(NoBackoff(), 0), "retry_on_error": [], "health_check_interval": 0}
+    retry = AsyncRetry(NoBackoff(), 0) if asyncio_client else Retry(NoBackoff(), 0)
+    return {"retry": retry, "retry_on_error": [], "health_check_interval": 0}
 
 
 def _as_store_error(error: BaseException) -> Exception:
@@ -215,7 +221,7 @@ class AsyncioRedisBackend:
             decode_responses=True,
             socket_timeout=None,
             socket_connect_timeout=timeout,
-            **_no_retry(),
+            **_no_retry(asyncio_client=True),
         )
         self._source, self._sha = script_and_sha()
         self._timeout = timeout

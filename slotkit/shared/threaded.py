@@ -43,7 +43,7 @@ class ThreadedRedisBackend:
             decode_responses=True,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            **_no_retry(),
+            **_no_retry(asyncio_client=False),
         )
         self._source, self._sha = script_and_sha()
         self._pool = ThreadPool(minthreads=1, maxthreads=threads, name="slotkit-redis")
