@@ -15,6 +15,11 @@ Run from the repository root::
 
     python -m benchmarks.queue_scale                         # 1,000 / 10,000 / 30,000 slots
     python -m benchmarks.queue_scale --slots 100,5000 --per-slot 4
+    python -m benchmarks.queue_scale --quota     # every request also spends a shared quota
+
+With ``--quota``, every request counts in its site's scope and in one
+``budget`` scope with a quota (a paid proxy's monthly allowance, say), so
+every slot's head has a quota share; Scrapy's queues ignore the scopes.
 
 Figures are microseconds per operation (medians of ``--reps`` runs) and the
 ratio of each to ``stock-aware`` (below 1: cheaper).
@@ -43,8 +48,13 @@ from slotkit.pqueue import ThrottlingAwarePriorityQueue
 NO_HANDLERS = {"DOWNLOAD_HANDLERS": {"http": None, "https": None}}
 
 
-def slotkit_queue() -> Any:
-    crawler = get_crawler(settings_dict={**NO_HANDLERS, "DOWNLOADER": "slotkit.Downloader"})
+#: With --quota: one scope every request spends, with a quota that never runs out here.
+BUDGET = {"THROTTLING_SCOPES": {"budget": {"quota": 1e9, "concurrency": 10**6}}}
+
+
+def slotkit_queue(extra: dict[str, Any] | None = None) -> Any:
+    settings = {**NO_HANDLERS, "DOWNLOADER": "slotkit.Downloader", **(extra or {})}
+    crawler = get_crawler(settings_dict=settings)
     downloader = Downloader(crawler, clock=Clock())
     crawler.engine = SimpleNamespace(  # type: ignore[assignment]
         downloader=downloader,
@@ -71,10 +81,20 @@ QUEUES: dict[str, Callable[[], Any]] = {
 }
 
 
-def measure(make: Callable[[], Any], slots: int, per_slot: int, pops: int) -> tuple[float, float]:
+def measure(
+    make: Callable[[], Any], slots: int, per_slot: int, pops: int, *, quota: bool = False
+) -> tuple[float, float]:
     """Microseconds per push (of slots * per_slot requests) and per pop (of *pops*)."""
     queue = make()
-    requests = [Request(f"http://s{s}.test/{i}") for i in range(per_slot) for s in range(slots)]
+
+    def meta(site: int) -> dict[str, Any]:
+        return {"throttling_scopes": [f"s{site}.test", "budget"]} if quota else {}
+
+    requests = [
+        Request(f"http://s{s}.test/{i}", meta=meta(s))
+        for i in range(per_slot)
+        for s in range(slots)
+    ]
     start = time.perf_counter()
     for request in requests:
         queue.push(request)
@@ -94,13 +114,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-slot", type=int, default=2, help="requests queued per slot")
     parser.add_argument("--pops", type=int, default=2000, help="pops timed per run")
     parser.add_argument("--reps", type=int, default=3, help="runs per queue and size")
+    parser.add_argument(
+        "--quota", action="store_true", help="every request also spends one shared quota"
+    )
     args = parser.parse_args(argv)
+    queues = dict(QUEUES)
+    if args.quota:
+        queues["slotkit"] = lambda: slotkit_queue(BUDGET)
     header = ("slots", "queue", "us/push", "us/pop", "push ratio", "pop ratio")
     print("{:>7} {:<14} {:>9} {:>9} {:>11} {:>10}".format(*header))
     for slots in (int(part) for part in args.slots.split(",")):
         figures: dict[str, tuple[float, float]] = {}
-        for name, make in QUEUES.items():
-            runs = [measure(make, slots, args.per_slot, args.pops) for _ in range(args.reps)]
+        for name, make in queues.items():
+            runs = [
+                measure(make, slots, args.per_slot, args.pops, quota=args.quota)
+                for _ in range(args.reps)
+            ]
             figures[name] = (
                 statistics.median(run[0] for run in runs),
                 statistics.median(run[1] for run in runs),

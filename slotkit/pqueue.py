@@ -24,14 +24,9 @@ class can resume a job directory the other wrote. On top of that:
    until it ends). Only a loosened limit (say,
    AutoThrottle lowering a delay) makes a scope ready earlier than
    remembered; the slot then goes at the old time, never too early.
-3. **Requests in transit.** Scrapy hands a request to the downloader through
-   an asyncio task, so the scopes of a request just popped do not count it
-   yet. Until the downloader reports it (``request_reached_downloader``), a
-   scope it uses is treated as not ready if one more request could change
-   that: it has a delay or a quota, its concurrency would be used up, or its
-   scope manager is not slotkit's. Without this, one engine loop could pop
-   several requests for a scope with one free place, and all but one would
-   wait in the downloader, holding a ``CONCURRENT_REQUESTS`` place each.
+3. **Requests in transit**, popped but not yet counted by the downloader,
+   hold back the scopes one more request could fill (see
+   :mod:`slotkit.pqueue_readiness`).
 
 ``CONCURRENT_REQUESTS_PER_IP`` is supported: an IP scope is just another
 scope of the request, so it counts through ``time_until_ready``.
@@ -40,15 +35,15 @@ With a downloader that has no ``time_until_ready`` (Scrapy's own), every slot
 counts as ready, and the queue behaves like ``DownloaderAwarePriorityQueue``.
 
 The per-crawler readiness state (points 2 and 3) lives in
-:mod:`slotkit.pqueue_readiness` and one slot's sub-queue in
-:mod:`slotkit.pqueue_slot`; :class:`Readiness` and :func:`readiness_of` are
-re-exported here; quota shares (the third criterion of the order) are
-computed by :mod:`slotkit.pqueue_quota`.
+:mod:`slotkit.pqueue_readiness`, one slot's sub-queue in
+:mod:`slotkit.pqueue_slot`, ranks in :mod:`slotkit.pqueue_rank` and quota
+shares (the third criterion of the order) in :mod:`slotkit.pqueue_quota`;
+:class:`Readiness` and :func:`readiness_of` are re-exported here.
 """
 
 from __future__ import annotations
 
-import itertools
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
@@ -58,9 +53,16 @@ from typing import TYPE_CHECKING, Any
 from scrapy.pqueues import _path_safe
 
 from slotkit.pqueue_order import Rank, SlotOrder
-from slotkit.pqueue_quota import QuotaShares
+from slotkit.pqueue_quota import Terms
+from slotkit.pqueue_rank import SlotRanks
 from slotkit.pqueue_readiness import Readiness, readiness_of
-from slotkit.pqueue_slot import _SlotQueue, resume_legacy_job
+from slotkit.pqueue_slot import (
+    DELAYED,
+    CannotPeek,
+    _SlotQueue,
+    resume_legacy_job,
+    sub_queue_key,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -68,11 +70,13 @@ if TYPE_CHECKING:
     from scrapy.pqueues import QueueProtocol
     from typing_extensions import Self
 
-__all__ = ["Readiness", "ThrottlingAwarePriorityQueue", "readiness_of"]
+__all__ = ["DELAYED", "Readiness", "ThrottlingAwarePriorityQueue", "readiness_of"]
 
-#: What the key of a slot's delayed sub-queue adds to the slot's (see
-#: ThrottlingAwarePriorityQueue._key).
-DELAYED = " (throttling_delay)"
+logger = logging.getLogger("slotkit")
+
+
+#: Seconds before a slot whose ranking raised is ranked again.
+RANK_RETRY = 1.0
 
 
 class ThrottlingAwarePriorityQueue:
@@ -113,20 +117,20 @@ class ThrottlingAwarePriorityQueue:
         self.key = key
         self.readiness = readiness_of(crawler, downloader)
         self.downloader = self.readiness.downloader
-        self._shares = QuotaShares(self.readiness)
+        #: Busy counts, quota shares and turns served of the slots (pqueue_rank).
+        self._ranks = SlotRanks(self.readiness)
         #: slot key -> that slot's priority queue (never empty).
         self.pqueues: dict[str, _SlotQueue] = {}
         #: slot key -> its next request and that request's scopes (asked once per head).
         self._heads: dict[str, tuple[Request, dict[str, float | None]]] = {}
         #: The slots in rank order, and the waits remembered for them (pqueue_order).
         self._order = SlotOrder()
-        #: slot key -> when it was last served (a counter), for fairness among equals.
-        self._served: dict[str, int] = {}
         #: slot key -> the key version (Readiness.key_version) its head was filed under.
         self._keyed: dict[str, int] = {}
+        #: Slots whose last ranking raised (logged once until one succeeds).
+        self._failing: set[str] = set()
         #: The key version when slots were last chosen.
         self._version = 0
-        self._turn = itertools.count(1)
         self.readiness.on_departure(self)
         if isinstance(slot_startprios, Mapping):
             for slot, startprios in slot_startprios.items():
@@ -152,7 +156,7 @@ class ThrottlingAwarePriorityQueue:
     # Queue protocol
 
     def push(self, request: Request) -> None:
-        slot = self._key(request)
+        slot = sub_queue_key(self.readiness, request)
         queue = self.pqueues.get(slot)
         if queue is None:
             queue = self.pqueues[slot] = self.pqfactory(slot)
@@ -213,28 +217,24 @@ class ThrottlingAwarePriorityQueue:
         readiness is known: readiness is then asked in rank order, and the
         first ready slot wins.
         """
+        return self._rank_and_terms(slot, head)[0]
+
+    def _rank_and_terms(self, slot: str, head: Request) -> tuple[Rank, Terms]:
+        """:meth:`rank`, and the quota terms of *head* (see :mod:`slotkit.pqueue_quota`)."""
         known = self._heads.get(slot)
         scopes = known[1] if known is not None and known[0] is head else None
-        share = self._shares.share(head, scopes) if self._shares.may_have_share(scopes) else 0.0
-        return (self.busy(slot), -head.priority, -share, self._served.get(slot, 0))
+        return self._ranks.rank_and_terms(slot, head, scopes)
 
     def busy(self, slot: str) -> int:
         """Requests of *slot* in the downloader (waiting or in flight)."""
-        slot = slot.removesuffix(DELAYED)  # a delayed sub-queue counts as its slot
-        registry = getattr(self.downloader, "registry", None)
-        if registry is not None:
-            scope = registry.peek(slot)
-            return len(scope.requests) if scope is not None else 0
-        slots = getattr(self.downloader, "slots", None)
-        view = slots.get(slot) if slots is not None else None
-        return len(view.active) if view is not None else 0
+        return self._ranks.busy(slot)
 
     def quota_share(
         self, request: Request, scopes: Mapping[str, float | None] | None = None
     ) -> float:
         """The largest share of a scope's remaining quota that *request* would use
         (see :meth:`slotkit.pqueue_quota.QuotaShares.share`)."""
-        return self._shares.share(request, scopes)
+        return self._ranks.shares.share(request, scopes)
 
     def _choose(self, *, fallback: bool) -> tuple[str | None, float]:
         """The slot to pop from, or ``(None, seconds until the soonest one may be)``.
@@ -265,19 +265,23 @@ class ThrottlingAwarePriorityQueue:
                 order.forget_wait(slot)
                 self._offer(slot)
         blocked = readiness.blocked_scopes() if knows else set()
-        for slot in order.to_recheck():
+        available: dict[str, float | None] = {}
+        for terms in order.groups():
             # A quota share grows as others spend the quota, unannounced.
-            self._offer(slot)
+            try:
+                order.refresh(terms, self._ranks.group_share(terms, available))
+            except Exception:  # a custom manager's: its share is only a tie-break
+                logger.debug("slotkit: could not read the quota of %r", terms, exc_info=True)
         # Slots taken off the heap and neither chosen nor remembered as waiting
         # go back when the choice is made (the chosen one too: peek() leaves it).
         back: list[str] = []
         refiled: set[str] = set()
         chosen: str | None = None
         soonest, soonest_slot = math.inf, None
-        current: tuple[Rank, str] | None = None
+        current: tuple[Rank, str, Terms | None] | None = None
         try:
             while (current := order.take_best()) is not None:
-                filed, slot = current
+                filed, slot, _ = current
                 if slot not in self.pqueues:  # pragma: no cover - entries go with their queue
                     continue
                 if version and self._keyed.get(slot) != version:
@@ -285,13 +289,13 @@ class ThrottlingAwarePriorityQueue:
                     if slot in self.pqueues:
                         self._offer(slot)
                     continue
-                rank = self.rank(slot, self._head(slot))
+                rank, terms = self._rank_and_terms(slot, self._head(slot))
                 if rank > filed and slot not in refiled:
                     # Busier than when filed: file it again. Once per choice: a
                     # rank that worsens with time (a quota filling up) would
                     # otherwise come straight back out, again and again.
                     refiled.add(slot)
-                    order.offer(slot, rank, recheck=bool(rank[2]))
+                    order.offer(slot, rank, terms or None)
                     continue
                 wait = self._ask(slot, now, blocked) if knows else 0.0
                 if wait <= 0:
@@ -307,9 +311,9 @@ class ThrottlingAwarePriorityQueue:
             if current is not None:
                 # Something raised while this slot was off the heap (a custom
                 # manager, a disk queue): file it back, or it would never go.
-                filed, slot = current
+                filed, slot, group = current
                 if slot in self.pqueues and not order.offered(slot) and slot not in order.due:
-                    order.offer(slot, filed, recheck=bool(filed[2]))
+                    order.offer(slot, filed, group)
             for slot in back:
                 self._offer(slot)
         if chosen is not None:
@@ -324,12 +328,31 @@ class ThrottlingAwarePriorityQueue:
     def _offer(self, slot: str) -> None:
         """File *slot* in the rank heap under its current rank (it may be ready).
 
-        A head that spends a quota is ranked again at every choice: its
-        share grows as other slots spend the same quota.
+        A head that spends a quota joins the group of its quota terms, whose
+        share is read again at every choice: it grows as other slots spend
+        the same quota.
         """
-        if slot in self.pqueues:
-            rank = self.rank(slot, self._head(slot))
-            self._order.offer(slot, rank, recheck=bool(rank[2]))
+        if slot not in self.pqueues:
+            return
+        try:
+            rank, terms = self._rank_and_terms(slot, self._head(slot))
+        except CannotPeek:
+            raise  # the crawl's setup is wrong: no point asking again
+        except Exception:
+            # A custom manager's (or a disk queue's) error. Raising would lose
+            # a request just popped, or have one just pushed pushed again; not
+            # filing the slot would strand its requests. It is asked again a
+            # little later instead.
+            if slot not in self._failing:
+                self._failing.add(slot)
+                logger.exception("slotkit: could not rank slot %r; asking again in 1 s", slot)
+            self._order.discard(slot)  # an entry filed before, for an older head
+            self._order.remember_wait(
+                slot, self.readiness.now() + RANK_RETRY, self.readiness.generation
+            )
+            return
+        self._failing.discard(slot)
+        self._order.offer(slot, rank, terms or None)
 
     def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
         """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
@@ -347,16 +370,7 @@ class ThrottlingAwarePriorityQueue:
         known = self._heads.get(slot)
         if known is not None:
             return known[0]
-        try:
-            head = self.pqueues[slot].peek()
-        except (AttributeError, NotImplementedError) as exc:
-            queue_cls = self.downstream_queue_cls
-            raise TypeError(
-                f"{type(self).__name__} needs queues that can peek; "
-                f"{queue_cls.__module__}.{queue_cls.__qualname__} cannot. "
-                "Use one of Scrapy's SCHEDULER_DISK_QUEUE / SCHEDULER_MEMORY_QUEUE "
-                "classes (queuelib >= 1.6.2) or add a peek() method."
-            ) from exc
+        head = self.pqueues[slot].peek()
         if head is None:  # pragma: no cover - sub-queues are never kept empty
             raise RuntimeError(f"slot queue {slot!r} is empty")
         self._heads[slot] = (head, self.readiness.scopes(head))
@@ -372,7 +386,7 @@ class ThrottlingAwarePriorityQueue:
         """
         while slot in self.pqueues:
             head = self._head(slot)
-            key = self._key(head)
+            key = sub_queue_key(self.readiness, head)
             if key == slot:
                 self._keyed[slot] = version
                 return
@@ -380,24 +394,10 @@ class ThrottlingAwarePriorityQueue:
             if request is not None:
                 self.push(request)
 
-    def _key(self, request: Request) -> str:
-        """The sub-queue of *request*: its slot's, or while its ``throttling_delay``
-        runs, its slot's delayed sub-queue.
-
-        The delayed request waits here rather than in the downloader, where it
-        would hold a ``CONCURRENT_REQUESTS`` place, and its slot's other
-        requests go on meanwhile (a delayed head would hold them back). One
-        delayed sub-queue per slot, as many files as Scrapy's own per-slot
-        queues: delayed requests of one slot leave in queue order (one due
-        later can hold back one due sooner behind it, never the reverse).
-        """
-        slot = self.readiness.slot_of(request)
-        return f"{slot}{DELAYED}" if self.readiness.delay_left(request) > 0 else slot
-
     def _take(self, slot: str) -> Request | None:
         request = self._pop_from(slot)
         if slot in self.pqueues:
-            self._served[slot] = next(self._turn)
+            self._ranks.served(slot)
             self._offer(slot)
         if request is not None:
             self.readiness.handed_out(request)
@@ -411,7 +411,7 @@ class ThrottlingAwarePriorityQueue:
         if not queue:
             del self.pqueues[slot]
             self._order.discard(slot)
-            self._served.pop(slot, None)
+            self._ranks.forget(slot)
             queue.close()
             if self.key:
                 # The slot's directory goes once its queues removed their files.

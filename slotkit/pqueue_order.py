@@ -13,16 +13,23 @@ every slot on every pop made one pop cost 15 ms with 10,000 slots queued and
   whose rank still holds is the best slot, as far as ranks only worsen
   unannounced. Those that improve are announced (a request of one of the
   slot's scopes left the downloader, a request of higher priority was
-  queued) by offering the slot again; slots whose head spends a quota,
-  whose share grows as others spend it, are ranked again at every choice;
+  queued) by offering the slot again;
+* the one rank that improves unannounced is a quota share: it grows as
+  other slots spend the quota. Slots whose heads have equal quota terms
+  (:data:`~slotkit.pqueue_quota.Terms`) always have equal shares, so they
+  form a *group* with a heap of its own, ordered without the share, and
+  one entry in the rank heap for its best slot, filed again whenever the
+  group's share changes (:meth:`SlotOrder.refresh`). A quota shared by every
+  site of a broad crawl is one group: one entry to refresh per choice, not
+  one per site;
 * a slot remembered as not ready leaves the rank heap: a finite wait goes
   into a heap of due times and comes back once it has passed; an infinite
   one ("full until a download finishes") comes back when the readiness
   generation changes.
 
-Every slot of the queue is at all times either in the rank heap or
-remembered as waiting; superseded entries are dropped when the heaps grow to
-twice their live size.
+Every slot of the queue is at all times either filed (in the rank heap or in
+its group's heap) or remembered as waiting; superseded entries are dropped
+when a heap grows to twice its live size.
 """
 
 from __future__ import annotations
@@ -31,31 +38,57 @@ import heapq
 import itertools
 import math
 
+from slotkit.pqueue_quota import Terms
+
 __all__ = ["Rank", "SlotOrder"]
 
 #: Sort key of a slot; smaller goes first (see ``ThrottlingAwarePriorityQueue.rank``).
 Rank = tuple[float, ...]
 
+#: Where a rank holds the (negated) quota share; equal within a group.
+SHARE = 2
+
 #: Heaps are rebuilt from their live entries once they hold this many more
 #: than twice as many entries as are live.
 SLACK = 1024
+
+#: An entry of a heap: (rank, slot, entry number).
+_Entry = tuple[Rank, str, int]
+
+
+class _Group:
+    """Slots whose heads have equal quota terms (see the module docstring)."""
+
+    def __init__(self, share: float) -> None:
+        #: Entries ranked with their share component set to 0.
+        self.heap: list[_Entry] = []
+        #: Slots whose live entry is in :attr:`heap`.
+        self.members: set[str] = set()
+        #: The share component (a rank's ``SHARE`` item) of every member now.
+        self.share = share
+        #: Entry number of the group's entry in the rank heap (``None``: none).
+        self.entry: int | None = None
 
 
 class SlotOrder:
     """The rank heap, the due-time heap and the remembered waits of one queue's slots."""
 
     def __init__(self) -> None:
-        #: (rank, slot, entry number) of slots that may be ready.
-        self._ranked: list[tuple[Rank, str, int]] = []
-        #: slot -> the entry number of its live entry in ``_ranked``.
+        #: Live and superseded entries of slots that may be ready, and of groups.
+        self._ranked: list[_Entry] = []
+        #: slot -> the entry number of its live entry (in ``_ranked`` or its group's heap).
         self._live: dict[str, int] = {}
         self._numbers = itertools.count()
+        #: Quota terms -> the group of slots whose heads have them.
+        self._groups: dict[Terms, _Group] = {}
+        #: slot -> its group's terms, for grouped slots.
+        self._group_of: dict[str, Terms] = {}
+        #: Entry number of a group's live entry in ``_ranked`` -> the group's terms.
+        self._group_entries: dict[int, Terms] = {}
         #: slot -> (not ready before, readiness generation when remembered).
         self.due: dict[str, tuple[float, int]] = {}
         #: (due time, slot) of the finite waits in ``due``.
         self._dues: list[tuple[float, str]] = []
-        #: Slots ranked again at every choice (their rank improves unannounced).
-        self._recheck: set[str] = set()
         #: Slots remembered as waiting for a download to finish (``inf`` in ``due``).
         self._full: set[str] = set()
         #: The readiness generation ``_full`` was last checked against.
@@ -64,49 +97,141 @@ class SlotOrder:
     def clear(self) -> None:
         self._ranked.clear()
         self._live.clear()
-        self._recheck.clear()
+        self._groups.clear()
+        self._group_of.clear()
+        self._group_entries.clear()
         self.due.clear()
         self._dues.clear()
         self._full.clear()
 
     # Slots that may be ready
 
-    def offer(self, slot: str, rank: Rank, *, recheck: bool = False) -> None:
-        """File *slot* under *rank*, superseding any entry it had; with *recheck*,
-        :meth:`to_recheck` names it until it is filed without."""
-        if recheck:
-            self._recheck.add(slot)
-        else:
-            self._recheck.discard(slot)
+    def offer(self, slot: str, rank: Rank, group: Terms | None = None) -> None:
+        """File *slot* under *rank*, superseding any entry it had.
+
+        *group*: its head's quota terms, if it has any (its rank's share then
+        changes with every slot of that group's, see :meth:`refresh`).
+        """
         number = next(self._numbers)
         self._live[slot] = number
-        heapq.heappush(self._ranked, (rank, slot, number))
-        if len(self._ranked) > 2 * len(self._live) + SLACK:
-            self._ranked = [entry for entry in self._ranked if self._live.get(entry[1]) == entry[2]]
-            heapq.heapify(self._ranked)
+        self._leave_group(slot, unless=group)
+        if group is None:
+            self._push(self._ranked, (rank, slot, number), len(self._live))
+            return
+        found = self._groups.get(group)
+        if found is None:
+            found = self._groups[group] = _Group(rank[SHARE])
+        self._group_of[slot] = group
+        found.members.add(slot)
+        self._push(found.heap, (_without_share(rank), slot, number), len(found.members))
+        if found.share != rank[SHARE]:
+            found.share = rank[SHARE]  # the freshest reading holds for every member
+            self._file_group(group, found)
+        elif found.heap[0][2] == number:
+            self._file_group(group, found)  # a new best member
+
+    def groups(self) -> list[Terms]:
+        """The quota terms of the groups with filed slots (see :meth:`refresh`)."""
+        return list(self._groups)
+
+    def refresh(self, group: Terms, share: float) -> None:
+        """Every member of *group* now has the share component *share*."""
+        found = self._groups.get(group)
+        if found is not None and found.share != share:
+            found.share = share
+            self._file_group(group, found)
 
     def offered(self, slot: str) -> bool:
-        """Whether *slot* has a live entry in the rank heap."""
+        """Whether *slot* is filed (in the rank heap or its group's)."""
         return slot in self._live
 
-    def to_recheck(self) -> list[str]:
-        """The filed slots whose rank may have improved unannounced."""
-        return [slot for slot in self._recheck if slot in self._live]
-
-    def take_best(self) -> tuple[Rank, str] | None:
-        """Remove and return the best live entry (``None``: no slot may be ready)."""
+    def take_best(self) -> tuple[Rank, str, Terms | None] | None:
+        """Remove and return the best filed slot's rank, the slot and its group
+        (``None``: no slot may be ready)."""
         while self._ranked:
             rank, slot, number = heapq.heappop(self._ranked)
-            if self._live.get(slot) == number:
+            group = self._group_entries.pop(number, None)
+            if group is not None:
+                best = self._take_from_group(group, rank)
+                if best is not None:
+                    return best
+            elif self._live.get(slot) == number:
                 del self._live[slot]
-                return rank, slot
+                return rank, slot, None
         return None
 
     def discard(self, slot: str) -> None:
         """Forget *slot* entirely (its queue is gone, or its wait no longer holds)."""
         self._live.pop(slot, None)
-        self._recheck.discard(slot)
+        self._leave_group(slot)
         self.forget_wait(slot)
+
+    def _take_from_group(self, group: Terms, filed: Rank) -> tuple[Rank, str, Terms] | None:
+        """The best member of *group*, whose entry was filed under *filed*, if that holds.
+
+        Otherwise the group is filed again under what its best member's rank
+        has become (worse: a member left, or got busier), or dropped if empty.
+        """
+        found = self._groups[group]
+        found.entry = None
+        heap = found.heap
+        while heap and self._live.get(heap[0][1]) != heap[0][2]:
+            heapq.heappop(heap)  # superseded
+        if not heap:
+            del self._groups[group]
+            return None
+        rank = _with_share(heap[0][0], found.share)
+        if rank > filed:
+            self._file_group(group, found)
+            return None
+        slot = heapq.heappop(heap)[1]
+        del self._live[slot]
+        self._leave_group(slot)
+        if group in self._groups:
+            self._file_group(group, found)
+        return rank, slot, group
+
+    def _file_group(self, group: Terms, found: _Group) -> None:
+        """File *group*'s entry under its best member's rank, superseding the old one."""
+        if found.entry is not None:
+            self._group_entries.pop(found.entry, None)
+            found.entry = None
+        heap = found.heap
+        while heap and self._live.get(heap[0][1]) != heap[0][2]:
+            heapq.heappop(heap)
+        if not heap:
+            return
+        rank, slot, _ = heap[0]
+        number = next(self._numbers)
+        found.entry = number
+        self._group_entries[number] = group
+        # Named after its best member: ties go by slot name, as for single slots.
+        self._push(
+            self._ranked,
+            (_with_share(rank, found.share), slot, number),
+            len(self._live),
+        )
+
+    def _leave_group(self, slot: str, unless: Terms | None = None) -> None:
+        """Take *slot* out of its group's members (not if that is *unless*)."""
+        group = self._group_of.get(slot)
+        if group is None or group == unless:
+            return
+        del self._group_of[slot]
+        found = self._groups[group]
+        found.members.discard(slot)
+        if not found.members:
+            del self._groups[group]
+            if found.entry is not None:
+                self._group_entries.pop(found.entry, None)
+
+    def _push(self, heap: list[_Entry], entry: _Entry, live: int) -> None:
+        """Push *entry*; rebuild *heap* from its live entries when mostly superseded."""
+        heapq.heappush(heap, entry)
+        if len(heap) > 2 * live + SLACK:
+            kept = [e for e in heap if self._live.get(e[1]) == e[2] or e[2] in self._group_entries]
+            heap[:] = kept
+            heapq.heapify(heap)
 
     # Slots remembered as waiting
 
@@ -164,3 +289,11 @@ class SlotOrder:
                 return max(0.0, due - now), slot
             heapq.heappop(dues)
         return math.inf, next(iter(self._full), None)
+
+
+def _without_share(rank: Rank) -> Rank:
+    return (*rank[:SHARE], 0.0, *rank[SHARE + 1 :])
+
+
+def _with_share(rank: Rank, share: float) -> Rank:
+    return (*rank[:SHARE], share, *rank[SHARE + 1 :])

@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 
     from slotkit.pqueue_readiness import Readiness
 
-__all__ = ["QuotaShares"]
+__all__ = ["QuotaShares", "Terms"]
+
+#: The ``(scope id, amount)`` pairs of a request's scopes that count a quota,
+#: sorted: requests with equal terms always have equal quota shares.
+Terms = tuple[tuple[str, float], ...]
 
 
 class QuotaShares:
@@ -47,24 +51,56 @@ class QuotaShares:
         slotkit's default manager has its whole configured quota left.
         *scopes*: the request's scopes, if already known.
         """
+        return self.terms_and_share(request, scopes)[1]
+
+    def terms_and_share(
+        self, request: Request, scopes: Mapping[str, float | None] | None = None
+    ) -> tuple[Terms, float]:
+        """The quota terms of *request* (see :data:`Terms`) and its :meth:`share`."""
         if scopes is None:
             scopes = self.readiness.scopes(request)
-        downloader = self.readiness.downloader
-        registry = getattr(downloader, "registry", None)
-        if not scopes or registry is None:
-            return 0.0
+        if not scopes or getattr(self.readiness.downloader, "registry", None) is None:
+            return (), 0.0
+        terms: list[tuple[str, float]] = []
         share = 0.0
         now = self.readiness.now()
         for scope_id, named in scopes.items():
-            amount = 1.0 if named is None else named  # what the scope manager counts
-            scope = registry.peek(scope_id)
-            if scope is not None:
-                available = _quota_available(scope.manager, now)
-            else:
-                available = _configured_quota(downloader, scope_id)
+            available = self._available(scope_id, now)
             if available is not None:
-                share = max(share, amount / available if available > 0 else math.inf)
+                amount = 1.0 if named is None else named  # what the scope manager counts
+                terms.append((scope_id, amount))
+                share = max(share, _portion(amount, available))
+        return tuple(sorted(terms)), share
+
+    def share_of(self, terms: Terms, available: dict[str, float | None]) -> float:
+        """The share of a request with quota *terms*, now.
+
+        *available*: remaining quota by scope id, filled in as scopes are
+        looked up, for several calls in a row at one moment.
+        """
+        share = 0.0
+        now: float | None = None
+        for scope_id, amount in terms:
+            if scope_id not in available:
+                if now is None:
+                    now = self.readiness.now()
+                available[scope_id] = self._available(scope_id, now)
+            left = available[scope_id]
+            if left is not None:
+                share = max(share, _portion(amount, left))
         return share
+
+    def _available(self, scope_id: str, now: float) -> float | None:
+        """The quota *scope_id* has left (``None``: it counts none, or cannot tell)."""
+        downloader = self.readiness.downloader
+        scope = downloader.registry.peek(scope_id)
+        if scope is not None:
+            return _quota_available(scope.manager, now)
+        return _configured_quota(downloader, scope_id)
+
+
+def _portion(amount: float, available: float) -> float:
+    return amount / available if available > 0 else math.inf
 
 
 def _configured_quota(downloader: Any, scope_id: str) -> float | None:

@@ -3,6 +3,16 @@
 :class:`Readiness` answers whether a request could be sent now, counts the
 requests popped but not yet seen by the downloader, and notices requests
 leaving it; :func:`readiness_of` gives the one a crawler's queues share.
+
+**Requests in transit.** Scrapy hands a request to the downloader through an
+asyncio task, so the scopes of a request just popped do not count it yet.
+Until the downloader reports it (``request_reached_downloader``), a scope it
+uses is treated as not ready if one more request could change that: it has a
+delay or a quota, its concurrency would be used up, or its scope manager is
+not slotkit's (:meth:`Readiness.blocked_scopes`). Without this, one engine
+loop could pop several requests for a scope with one free place, and all but
+one would wait in the downloader, holding a ``CONCURRENT_REQUESTS`` place
+each.
 """
 
 from __future__ import annotations

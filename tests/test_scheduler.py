@@ -222,13 +222,13 @@ def test_a_pop_ranks_a_few_slots_not_every_slot_queued() -> None:
     for host in range(0, 2_000, 2):
         downloader.opens_at[f"h{host}.test"] = ONE_DELAY  # half must wait
     ranked = Counter[str]()
-    rank = queue.rank
+    rank = queue._rank_and_terms
 
     def counting_rank(slot: str, head: Request) -> Any:
         ranked[slot] += 1
         return rank(slot, head)
 
-    queue.rank = counting_rank  # type: ignore[method-assign]
+    queue._rank_and_terms = counting_rank  # type: ignore[method-assign]
     popped = [queue.pop_ready() for _ in range(100)]
     assert all(request is not None for request in popped)
     assert sum(ranked.values()) < 100 * 10
@@ -1039,3 +1039,166 @@ def test_a_continuously_refilling_quota_does_not_spin_the_rank_check() -> None:
     downloader.calls = 0
     assert queue.pop_ready() is not None
     assert downloader.calls < 100
+
+
+# ------------------------------------------------------------- quota groups
+
+
+def quota_request(host: str, n: int, rng: random.Random) -> Request:
+    """A request of *host* that may spend a shared quota or two, in various amounts."""
+    scopes: dict[str, float | None] = {host: None}
+    if rng.random() < 0.8:
+        scopes["budget"] = rng.choice([None, 1.0, 2.0, 5.0])
+    if rng.random() < 0.3:
+        scopes["api"] = rng.choice([None, 3.0])
+    return req(host, n, priority=rng.choice([0, 0, 1]), meta={"throttling_scopes": scopes})
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_quota_groups_choose_what_ranking_every_slot_would(seed: int) -> None:
+    """Heads spending shared quotas, spent as requests reach the gate: each
+    pop_ready takes the best ready slot by live quota shares, though only one
+    entry per group of equal quota terms is refreshed per choice."""
+    rng = random.Random(seed)
+    crawler, downloader, engine, _, clock = slotkit_setup(
+        {
+            "THROTTLING_SCOPES": {
+                "budget": {"quota": 400.0, "concurrency": 1000},
+                "api": {"quota": 150.0, "concurrency": 1000},
+            },
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        }
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    hosts = [f"h{i}.example" for i in range(10)]
+    flying: list[Request] = []
+    n = itertools.count()
+    for _ in range(400):
+        action = rng.random()
+        if action < 0.45:
+            queue.push(quota_request(rng.choice(hosts), next(n), rng))
+        elif action < 0.6 and flying:
+            engine.finish(flying.pop(rng.randrange(len(flying))))
+        elif action < 0.65:
+            clock.advance(rng.choice([0.5, 5.0]))
+        else:
+            ready = [
+                (queue.rank(slot, queue._head(slot)), slot)
+                for slot in queue.pqueues
+                if downloader.time_until_ready(queue._head(slot)) <= 0
+            ]
+            expected = queue._head(min(ready)[1]) if ready else None
+            request = queue.pop_ready()
+            assert request is expected
+            if request is not None:
+                engine.fetch(request)
+                engine.arrive(request)  # spends its quota amounts
+                flying.append(request)
+
+
+def test_a_quota_every_slot_spends_is_one_group_to_refresh() -> None:
+    """A quota shared by 300 sites: a pop ranks a few slots, not all 300 (every
+    one was ranked again at every choice before)."""
+    crawler, downloader, engine, _, _ = slotkit_setup(
+        {"THROTTLING_SCOPES": {"budget": {"quota": 1e6, "concurrency": 10**6}}}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    for site in range(300):
+        for n in range(2):
+            host = f"s{site}.example"
+            queue.push(req(host, n, meta={"throttling_scopes": [host, "budget"]}))
+    ranked: Counter[str] = Counter()
+    rank = queue._rank_and_terms
+
+    def counting_rank(slot: str, head: Request) -> Any:
+        ranked[slot] += 1
+        return rank(slot, head)
+
+    queue._rank_and_terms = counting_rank  # type: ignore[method-assign]
+    for _ in range(50):
+        request = queue.pop_ready()
+        engine.fetch(request)
+        engine.arrive(request)  # the budget's share grows for every slot
+        engine.finish(request)
+    assert sum(ranked.values()) < 50 * 10
+
+
+class FailingQuota:
+    """A custom manager whose quota_available raises while ``failing``."""
+
+    def __init__(self) -> None:
+        self.failing = 0
+
+    def quota_available(self, now: float) -> float:
+        if self.failing:
+            self.failing -= 1
+            raise RuntimeError("quota service unreachable")
+        return 10.0
+
+
+class QuotaRegistryDownloader(FakeDownloader):
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.quota = FailingQuota()
+        self.registry = self
+
+    def peek(self, scope_id: str) -> Any:
+        return BucketScope(self.quota) if scope_id == "budget" else None
+
+
+def test_a_slot_whose_rank_raises_is_kept_and_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ranking a slot raised after its request was pushed (or the one before it
+    popped): the error is logged once, the request is neither lost nor pushed
+    twice, and the slot is ranked again a second later."""
+    clock = Clock()
+    crawler = get_crawler(settings_dict={})
+    downloader = QuotaRegistryDownloader(clock)
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    meta = {"throttling_scopes": {"a": None, "budget": 1.0}}
+    downloader.quota.failing = 2
+    queue.push(req("a", 0, meta=meta))  # ranking the new head raises
+    assert queue.pop_ready() is None
+    clock.advance(1.0)
+    assert queue.pop_ready() is None  # still failing
+    clock.advance(1.0)
+    assert url_of(queue.pop_ready()) == "http://a/0"
+    logged = [r for r in caplog.records if "could not rank slot 'a'" in r.getMessage()]
+    assert len(logged) == 1  # once per run of failures
+
+    # Ranking the next head after a pop raises: the popped request is still returned.
+    queue.push(req("a", 1, meta=meta))
+    queue.push(req("a", 2, meta=meta))
+    rank_and_terms = queue._rank_and_terms
+
+    def failing_for_the_next_head(slot: str, head: Request) -> Any:
+        if head.url == "http://a/2":
+            raise RuntimeError("quota service unreachable")
+        return rank_and_terms(slot, head)
+
+    queue._rank_and_terms = failing_for_the_next_head  # type: ignore[method-assign]
+    assert url_of(queue.pop_ready()) == "http://a/1"
+    queue._rank_and_terms = rank_and_terms  # type: ignore[method-assign]
+    assert queue.pop_ready() is None
+    clock.advance(1.0)
+    assert url_of(queue.pop_ready()) == "http://a/2"
+    assert len(queue) == 0
+
+
+class NoPeekQueue(FifoMemoryQueue):
+    """A downstream queue without peek() (queuelib before 1.6.2, or a custom one)."""
+
+    def peek(self) -> Any:
+        raise NotImplementedError
+
+
+def test_a_downstream_queue_that_cannot_peek_is_named() -> None:
+    clock = Clock()
+    crawler = get_crawler(settings_dict={})
+    downloader = FakeDownloader(clock)
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(crawler, NoPeekQueue, "", downloader=downloader)
+    with pytest.raises(TypeError, match=r"needs queues that can peek; .*NoPeekQueue cannot"):
+        queue.push(req("a"))
