@@ -88,7 +88,7 @@ async def measure(url: str, client: str, busy_tasks: int) -> dict[str, Any]:
         source = script_source()
         sha = hashlib.sha1(source.encode()).hexdigest()
         stock = aioredis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=0.25, **_no_retry()
+            url, decode_responses=True, socket_timeout=0.25, **_no_retry(asyncio_client=True)
         )
         await stock.script_load(source)
         tasks = [asyncio.ensure_future(busy(stop)) for _ in range(busy_tasks)]

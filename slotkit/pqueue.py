@@ -59,6 +59,7 @@ from slotkit.pqueue_readiness import Readiness, readiness_of
 from slotkit.pqueue_slot import (
     DELAYED,
     CannotPeek,
+    OpenQueues,
     _SlotQueue,
     resume_legacy_job,
     sub_queue_key,
@@ -115,6 +116,8 @@ class ThrottlingAwarePriorityQueue:
         self.downstream_queue_cls = downstream_queue_cls
         self._start_queue_cls = start_queue_cls
         self.key = key
+        #: With a job directory: the slot queues whose files are open.
+        self._open_queues = OpenQueues() if key else None
         self.readiness = readiness_of(crawler, downloader)
         self.downloader = self.readiness.downloader
         #: Busy counts, quota shares and turns served of the slots (pqueue_rank).
@@ -151,6 +154,7 @@ class ThrottlingAwarePriorityQueue:
             self.key + "/" + _path_safe(slot),
             startprios,
             start_queue_cls=self._start_queue_cls,
+            open_queues=self._open_queues,
         )
 
     # Queue protocol
@@ -158,16 +162,23 @@ class ThrottlingAwarePriorityQueue:
     def push(self, request: Request) -> None:
         slot = sub_queue_key(self.readiness, request)
         queue = self.pqueues.get(slot)
-        if queue is None:
-            queue = self.pqueues[slot] = self.pqfactory(slot)
         try:
+            if queue is None:
+                queue = self.pqueues[slot] = self.pqfactory(slot)
             queue.push(request)
-        except Exception:
+        except Exception as exc:
             # An unserializable request (the scheduler then keeps it in memory):
             # leave no empty slot queue behind.
-            if not queue:
+            if queue is not None and not queue:
                 del self.pqueues[slot]
                 queue.close()
+            if isinstance(exc, OSError):
+                # A full disk, no file descriptor left: Scrapy's scheduler keeps
+                # the request in memory after a ValueError, but lets an OSError
+                # end the engine's loop, and the crawl then never finishes.
+                raise ValueError(
+                    f"the job directory could not take it ({exc}); it is kept in memory"
+                ) from exc
             raise
         self._forget(slot)
         self._offer(slot)

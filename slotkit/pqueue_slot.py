@@ -1,10 +1,20 @@
-"""One download slot's priority queue, and resuming a job of Scrapy's
-``ScrapyPriorityQueue`` (part of :mod:`slotkit.pqueue`)."""
+"""One download slot's priority queue, the open files of a job's slot
+queues, and resuming a job of Scrapy's ``ScrapyPriorityQueue`` (part of
+:mod:`slotkit.pqueue`).
+
+In a ``JOBDIR`` every slot's queue keeps a file open per priority, as
+Scrapy's ``DownloaderAwarePriorityQueue`` does: a broad crawl with requests
+for 30,000 sites queued ran out of file descriptors. :class:`OpenQueues`
+keeps a bounded number of them open and closes the least recently used
+(:meth:`_SlotQueue.sleep`); a closed one opens again when next pushed to or
+popped from.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, cast
 
 from queuelib.queue import LifoDiskQueue
@@ -26,15 +36,115 @@ class CannotPeek(TypeError):
     """The scheduler's queue classes have no working ``peek()``: a setup error."""
 
 
+class OpenQueues:
+    """The slot queues of one job directory whose files are open, least
+    recently used first; at most *limit* downstream queues (a file or two
+    each) stay open."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = open_queue_limit() if limit is None else limit
+        #: Open slot queue -> how many downstream queues it holds open.
+        self._open: OrderedDict[_SlotQueue, int] = OrderedDict()
+        self._count = 0
+
+    def used(self, queue: _SlotQueue) -> None:
+        """*queue* was opened or used: it goes last; the first ones close if too many are open."""
+        self._count += queue.open_queues() - self._open.pop(queue, 0)
+        self._open[queue] = queue.open_queues()
+        while self._count > self.limit and len(self._open) > 1:
+            oldest = next(iter(self._open))
+            if oldest is queue:  # pragma: no cover - queue was just moved last
+                break
+            self._count -= self._open.pop(oldest)
+            oldest.sleep()
+
+    def closed(self, queue: _SlotQueue) -> None:
+        self._count -= self._open.pop(queue, 0)
+
+    def __len__(self) -> int:
+        """Downstream queues open."""
+        return self._count
+
+
+def open_queue_limit() -> int:
+    """Downstream queues a job's slot queues may keep open: a quarter of the
+    process's file descriptors (sockets and the rest need the others)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover
+        return 128
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:  # pragma: no cover
+        return 4096
+    return max(16, soft // 4)
+
+
 class _SlotQueue(ScrapyPriorityQueue):
-    """One slot's priority queue, whose :meth:`peek` agrees with :meth:`pop`.
+    """One slot's priority queue, whose :meth:`peek` agrees with :meth:`pop`,
+    and whose files may be closed while it is not used (see :class:`OpenQueues`).
 
     Scrapy 2.19's ``peek`` looks at the start-request queue of the current
     priority first while ``pop`` takes the other queue first; the readiness
     check must look at the request that will really be popped.
     """
 
+    def __init__(self, *args: Any, open_queues: OpenQueues | None = None, **kwargs: Any) -> None:
+        #: The job's open queues (``None``: in memory, never closed early).
+        self._open_queues = open_queues
+        #: While asleep: the priorities left on disk and the request count.
+        self._asleep: tuple[list[int], int] | None = None
+        super().__init__(*args, **kwargs)
+        if open_queues is not None:
+            open_queues.used(self)
+
+    def open_queues(self) -> int:
+        return len(self.queues) + len(self._start_queues)
+
+    def sleep(self) -> None:
+        """Close this queue's files, keeping what :meth:`_wake` needs to reopen them."""
+        if self._asleep is None:
+            size = len(self)
+            self._asleep = (super().close(), size)
+            self.queues, self._start_queues, self.curprio = {}, {}, None
+
+    def _wake(self) -> None:
+        if self._asleep is not None:
+            prios, _ = self._asleep
+            self._asleep = None
+            self.init_prios(prios)
+        if self._open_queues is not None:
+            self._open_queues.used(self)
+
+    def push(self, request: Request) -> None:
+        self._wake()
+        try:
+            super().push(request)
+        finally:
+            self._used()
+
+    def pop(self) -> Request | None:
+        self._wake()
+        try:
+            return super().pop()
+        finally:
+            self._used()
+
+    def _used(self) -> None:
+        if self._open_queues is not None:
+            self._open_queues.used(self)  # a priority's queue may have opened or closed
+
+    def close(self) -> list[int]:
+        if self._asleep is not None:
+            return self._asleep[0]
+        if self._open_queues is not None:
+            self._open_queues.closed(self)
+        return super().close()
+
+    def __len__(self) -> int:
+        return self._asleep[1] if self._asleep is not None else super().__len__()
+
     def peek(self) -> Request | None:
+        self._wake()
         prio = self.curprio
         if prio is None:
             return None

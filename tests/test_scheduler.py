@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -26,6 +27,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 from twisted.internet.task import Clock
 
+from slotkit import pqueue_slot
 from slotkit.downloader import Downloader
 from slotkit.manager import normalize_scopes
 from slotkit.pqueue import DELAYED, ThrottlingAwarePriorityQueue
@@ -429,6 +431,53 @@ def test_held_requests_stay_on_disk_across_a_restart(tmp_path: Path) -> None:
     assert [r.url for r in iter(resumed.pop_ready, None)] == [f"http://slow/{n}" for n in range(3)]
 
 
+def files_open_under(path: Path) -> int:
+    """Open file descriptors of this process on files under *path*."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd).startswith(str(path)))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+@pytest.mark.parametrize("queue_cls", [PickleFifoDiskQueue, PickleLifoDiskQueue])
+def test_a_job_keeps_few_slot_files_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue_cls: type
+) -> None:
+    """One file per slot and priority ran a broad crawl's JOBDIR out of file
+    descriptors (30,000 sites queued). Unused slot queues are closed; nothing
+    queued is lost or doubled, across a restart too."""
+    monkeypatch.setattr(pqueue_slot, "open_queue_limit", lambda: 6)
+
+    def job(state: Any = None) -> ThrottlingAwarePriorityQueue:
+        crawler = get_crawler()
+        downloader = FakeDownloader(Clock())
+        attach_engine(crawler, downloader)
+        return ThrottlingAwarePriorityQueue(
+            crawler, queue_cls, str(tmp_path), state, downloader=downloader
+        )
+
+    queue = job()
+    urls = set()
+    for n in range(3):
+        for site in range(40):
+            request = req(f"s{site}", n, priority=n % 2)
+            queue.push(request)
+            urls.add(request.url)
+    assert files_open_under(tmp_path) <= 2 * 6 + 2
+    assert len(queue) == 120
+    popped = [queue.pop_ready() for _ in range(50)]
+    assert files_open_under(tmp_path) <= 2 * 6 + 2
+    state = queue.close()
+    assert files_open_under(tmp_path) == 0
+
+    resumed = job(state)
+    assert files_open_under(tmp_path) <= 2 * 6 + 2
+    assert len(resumed) == 70
+    popped += list(iter(resumed.pop_ready, None))
+    assert sorted(r.url for r in popped if r is not None) == sorted(urls)
+    resumed.close()
+    assert files_open_under(tmp_path) == 0
+
+
 def test_a_push_after_a_peek_keeps_a_lifo_disk_queue_whole(tmp_path: Path) -> None:
     """queuelib's LifoDiskQueue.peek leaves its file short of the end: a push after
     it wrote over the last record's length, and the job's queue broke (OSError 22 on
@@ -467,6 +516,23 @@ def test_an_unserializable_request_leaves_no_empty_slot(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"serialize|pickle"):
         queue.push(req("a", meta={"bad": lambda: None}))
     assert len(queue) == 0
+    assert "a" not in queue
+    assert queue.pop_ready() is None
+
+
+def test_a_job_directory_that_cannot_take_a_request_leaves_it_to_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of file descriptors (or disk): an OSError ended the engine's loop;
+    a ValueError has Scrapy's scheduler keep the request in memory."""
+    queue, _ = disk_queue(tmp_path)
+
+    def no_files(slot: str, startprios: Any = ()) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(queue, "pqfactory", no_files)
+    with pytest.raises(ValueError, match=r"job directory could not take it .*Too many open files"):
+        queue.push(req("a"))
     assert "a" not in queue
     assert queue.pop_ready() is None
 
