@@ -36,9 +36,10 @@ counts as ready, and the queue behaves like ``DownloaderAwarePriorityQueue``.
 
 The per-crawler readiness state (points 2 and 3) lives in
 :mod:`slotkit.pqueue_readiness`, one slot's sub-queue in
-:mod:`slotkit.pqueue_slot`, ranks in :mod:`slotkit.pqueue_rank` and quota
-shares (the third criterion of the order) in :mod:`slotkit.pqueue_quota`;
-:class:`Readiness` and :func:`readiness_of` are re-exported here.
+:mod:`slotkit.pqueue_slot`, all of them in :mod:`slotkit.pqueue_store`,
+ranks in :mod:`slotkit.pqueue_rank` and quota shares (the third criterion
+of the order) in :mod:`slotkit.pqueue_quota`; :class:`Readiness` and
+:func:`readiness_of` are re-exported here.
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from contextlib import suppress
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scrapy.pqueues import _path_safe
@@ -59,11 +58,11 @@ from slotkit.pqueue_readiness import Readiness, readiness_of
 from slotkit.pqueue_slot import (
     DELAYED,
     CannotPeek,
-    OpenQueues,
     _SlotQueue,
     resume_legacy_job,
     sub_queue_key,
 )
+from slotkit.pqueue_store import SlotQueues
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -116,14 +115,12 @@ class ThrottlingAwarePriorityQueue:
         self.downstream_queue_cls = downstream_queue_cls
         self._start_queue_cls = start_queue_cls
         self.key = key
-        #: With a job directory: the slot queues whose files are open.
-        self._open_queues = OpenQueues() if key else None
         self.readiness = readiness_of(crawler, downloader)
         self.downloader = self.readiness.downloader
         #: Busy counts, quota shares and turns served of the slots (pqueue_rank).
         self._ranks = SlotRanks(self.readiness)
         #: slot key -> that slot's priority queue (never empty).
-        self.pqueues: dict[str, _SlotQueue] = {}
+        self.pqueues = SlotQueues(lambda slot, prios: self.pqfactory(slot, prios), key)
         #: slot key -> its next request and that request's scopes (asked once per head).
         self._heads: dict[str, tuple[Request, dict[str, float | None]]] = {}
         #: The slots in rank order, and the waits remembered for them (pqueue_order).
@@ -136,13 +133,8 @@ class ThrottlingAwarePriorityQueue:
         self._version = 0
         self.readiness.on_departure(self)
         if isinstance(slot_startprios, Mapping):
-            for slot, startprios in slot_startprios.items():
-                queue = self.pqfactory(slot, startprios)
-                if queue:
-                    self.pqueues[slot] = queue
-                    self._offer(slot)
-                else:  # nothing left on disk for it: never keep an empty slot queue
-                    queue.close()
+            for slot in self.pqueues.resume(slot_startprios):
+                self._offer(slot)
         elif slot_startprios:
             resume_legacy_job(self, list(slot_startprios))
 
@@ -154,32 +146,14 @@ class ThrottlingAwarePriorityQueue:
             self.key + "/" + _path_safe(slot),
             startprios,
             start_queue_cls=self._start_queue_cls,
-            open_queues=self._open_queues,
+            open_queues=self.pqueues.open_queues,
         )
 
     # Queue protocol
 
     def push(self, request: Request) -> None:
         slot = sub_queue_key(self.readiness, request)
-        queue = self.pqueues.get(slot)
-        try:
-            if queue is None:
-                queue = self.pqueues[slot] = self.pqfactory(slot)
-            queue.push(request)
-        except Exception as exc:
-            # An unserializable request (the scheduler then keeps it in memory):
-            # leave no empty slot queue behind.
-            if queue is not None and not queue:
-                del self.pqueues[slot]
-                queue.close()
-            if isinstance(exc, OSError):
-                # A full disk, no file descriptor left: Scrapy's scheduler keeps
-                # the request in memory after a ValueError, but lets an OSError
-                # end the engine's loop, and the crawl then never finishes.
-                raise ValueError(
-                    f"the job directory could not take it ({exc}); it is kept in memory"
-                ) from exc
-            raise
+        self.pqueues.push(slot, request)
         self._forget(slot)
         self._offer(slot)
 
@@ -204,15 +178,14 @@ class ThrottlingAwarePriorityQueue:
         return None if slot is None else self._head(slot)
 
     def close(self) -> dict[str, list[int]]:
-        active = {slot: queue.close() for slot, queue in self.pqueues.items()}
-        self.pqueues.clear()
+        active = self.pqueues.close_all()
         self._heads.clear()
         self._order.clear()
         self._keyed.clear()
         return active
 
     def __len__(self) -> int:
-        return sum(len(queue) for queue in self.pqueues.values())
+        return self.pqueues.requests()
 
     def __contains__(self, slot: str) -> bool:
         return slot in self.pqueues
@@ -416,18 +389,11 @@ class ThrottlingAwarePriorityQueue:
 
     def _pop_from(self, slot: str) -> Request | None:
         """Pop the head of *slot*, dropping the sub-queue once it is empty."""
-        queue = self.pqueues[slot]
-        request = queue.pop()
+        request, emptied = self.pqueues.pop_head(slot)
         self._forget(slot)
-        if not queue:
-            del self.pqueues[slot]
+        if emptied:
             self._order.discard(slot)
             self._ranks.forget(slot)
-            queue.close()
-            if self.key:
-                # The slot's directory goes once its queues removed their files.
-                with suppress(OSError):
-                    Path(self.key, _path_safe(slot)).rmdir()
         return request
 
     def departed(self, slot: str) -> None:
