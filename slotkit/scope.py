@@ -277,7 +277,11 @@ class ThrottlingScopeManager(ScopeFeedback, SavedScopeState):
     def set_jitter(self, jitter: Jitter) -> None:
         """Use *jitter* from now on; the running gap's factor moves into its range."""
         self.jitter = jitter
-        low, high = jitter
+        self._clamp_factor()
+
+    def _clamp_factor(self) -> None:
+        """Move the running gap's factor into the range of this scope's own jitter."""
+        low, high = self.jitter
         self._factor = min(max(self._factor, 1.0 + low), max(0.0, 1.0 + high))
 
     def set_concurrency(self, concurrency: int) -> None:
@@ -321,12 +325,22 @@ class ThrottlingScopeManager(ScopeFeedback, SavedScopeState):
     @property
     def next_allowed(self) -> float:
         """The earliest time the next dispatch may happen (delay, backoff and hold)."""
-        gap_end = (
-            -math.inf
-            if self.last_sent is None
-            else self.last_sent + self.current_delay * self._factor
-        )
+        gap_end = -math.inf if self.last_sent is None else self.last_sent + self.running_gap
         return max(gap_end, self.hold_until)
+
+    @property
+    def running_gap(self) -> float:
+        """The gap after the last dispatch: the delay in force times its jitter factor.
+
+        In backoff, the backoff jitter may draw a factor below what this
+        scope's own jitter allows (±10 % by default): a backoff delay just
+        above the configured one would then make a gap shorter than the
+        configured delay ever gives, below a robots.txt Crawl-delay.
+        """
+        gap = self.current_delay * self._factor
+        if self.backoff_delay is not None:
+            gap = max(gap, self.delay * max(0.0, 1.0 + self.jitter[0]))
+        return gap
 
     def sample_delay(self) -> float:
         """A delay drawn with this scope's jitter (what ``Slot.download_delay()`` returns)."""

@@ -74,6 +74,8 @@ class ScopeFeedback:
 
         def _draw_factor(self) -> float: ...
 
+        def _clamp_factor(self) -> None: ...
+
     else:
         __slots__ = ()  # a base without __slots__ would give every scope a __dict__
 
@@ -194,3 +196,8 @@ class ScopeFeedback:
             self.recovers_at = (
                 math.inf if self.backoff_delay is None else self.recovers_at + config.window
             )
+        if self.backoff_delay is None:  # just recovered (only called while backing off)
+            # The gap running now was drawn with the backoff jitter (±10 % by
+            # default); on the configured delay it would end early, below a
+            # robots.txt Crawl-delay or a DOWNLOAD_DELAY without jitter.
+            self._clamp_factor()

@@ -38,6 +38,9 @@ class SavedScopeState:
         @property
         def current_delay(self) -> float: ...
 
+        @property
+        def running_gap(self) -> float: ...
+
         def _settle(self, now: float) -> None: ...
 
     else:
@@ -53,7 +56,7 @@ class SavedScopeState:
         # must run on in the resumed crawl: its start is kept, so the resumed
         # crawl's own delay for the scope (the user may have changed it) ends it.
         last_sent = self.last_sent
-        if last_sent is not None and last_sent + self.current_delay * self._factor > now:
+        if last_sent is not None and last_sent + self.running_gap > now:
             state["last_sent"] = last_sent
         if self.backoff_delay is not None:
             state["backoff_delay"] = self.backoff_delay

@@ -310,3 +310,53 @@ def test_command_line_garbage_still_names_the_setting(codes: Any) -> None:
     """A review: "²" passes str.isdigit() but not int(), a ValueError naming nothing."""
     with pytest.raises(SettingsError, match="BACKOFF_HTTP_CODES"):
         ThrottlingSettings.from_settings(Settings({"BACKOFF_HTTP_CODES": codes}))
+
+
+class LowDraws:
+    """Draws every jitter at 80 % of its low end (a backoff factor of 0.92)."""
+
+    def uniform(self, low: float, high: float) -> float:
+        return low * 0.8 if low < 0 else low
+
+
+def test_the_gap_running_when_backoff_ends_keeps_the_configured_floor() -> None:
+    """A probe: Crawl-delay 0.5 (jitter floored at 0), one 503, recovery 2 s later.
+    The gap drawn in backoff (factor 0.92) ran on after recovery, on the 0.5 s
+    delay: the next request went 0.46 s after the last one."""
+    scope = ThrottlingScopeManager(
+        concurrency=1,
+        delay=0.5,
+        jitter=(0.0, 0.0),
+        rng=LowDraws(),
+        backoff=BackoffRules(window=2.39),
+    )
+    scope.record_sent(0.0)
+    scope.record_done(0.01)
+    scope.record_backoff(None, now=0.01)
+    assert scope.backoff_delay == 1.0
+    scope.record_sent(1.0)  # factor 0.92 drawn with the backoff jitter
+    scope.record_done(1.01)
+    sent = 1.0 + scope.can_send(1.0)
+    assert sent == pytest.approx(1.92)
+    scope.record_sent(sent)
+    scope.record_done(sent + 0.01)
+    recovery = scope.recovers_at
+    assert sent + 0.5 * 0.92 < recovery < sent + 0.5  # recovers while that gap runs
+    assert scope.can_send(recovery) == pytest.approx(sent + 0.5 - recovery)
+    assert scope.backoff_delay is None
+    assert scope.next_allowed == pytest.approx(sent + 0.5)
+
+
+def test_a_backoff_delay_near_the_configured_one_never_shortens_its_gap() -> None:
+    """Backoff delay 0.525 (factor 1.05) with a 0.92 draw would be 0.483 s: below
+    the configured 0.5 s that jitter 0 promises."""
+    rules = BackoffRules(delay_factor=1.05, min_delay=0.0)
+    scope = ThrottlingScopeManager(
+        concurrency=1, delay=0.5, jitter=(0.0, 0.0), rng=LowDraws(), backoff=rules
+    )
+    scope.record_sent(0.0)
+    scope.record_done(0.01)
+    scope.record_backoff(None, now=0.01)
+    assert scope.backoff_delay == pytest.approx(0.525)
+    scope.record_sent(1.0)
+    assert scope.next_allowed == pytest.approx(1.5)
