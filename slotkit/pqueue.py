@@ -273,7 +273,15 @@ class ThrottlingAwarePriorityQueue:
                     if slot in self.pqueues:
                         self._offer(slot)
                     continue
-                rank, terms = self._rank_and_terms(slot, self._head(slot))
+                try:
+                    rank, terms = self._rank_and_terms(slot, self._head(slot))
+                except CannotPeek:
+                    raise
+                except Exception:
+                    # Filed back under its old rank, it would come out first
+                    # and raise again at every choice, starving the rest.
+                    self._rank_failed(slot)
+                    continue
                 if rank > filed and slot not in refiled:
                     # Busier than when filed: file it again. Once per choice: a
                     # rank that worsens with time (a quota filling up) would
@@ -323,20 +331,23 @@ class ThrottlingAwarePriorityQueue:
         except CannotPeek:
             raise  # the crawl's setup is wrong: no point asking again
         except Exception:
-            # A custom manager's (or a disk queue's) error. Raising would lose
-            # a request just popped, or have one just pushed pushed again; not
-            # filing the slot would strand its requests. It is asked again a
-            # little later instead.
-            if slot not in self._failing:
-                self._failing.add(slot)
-                logger.exception("slotkit: could not rank slot %r; asking again in 1 s", slot)
-            self._order.discard(slot)  # an entry filed before, for an older head
-            self._order.remember_wait(
-                slot, self.readiness.now() + RANK_RETRY, self.readiness.generation
-            )
+            # Raising would lose a request just popped, or have one just pushed
+            # pushed again; not filing the slot would strand its requests.
+            self._rank_failed(slot)
             return
         self._failing.discard(slot)
         self._order.offer(slot, rank, terms or None)
+
+    def _rank_failed(self, slot: str) -> None:
+        """Ranking *slot* raised (a custom manager's or a disk queue's error):
+        log it once, and rank the slot again a little later."""
+        if slot not in self._failing:
+            self._failing.add(slot)
+            logger.exception("slotkit: could not rank slot %r; asking again in 1 s", slot)
+        self._order.discard(slot)  # an entry filed before, for an older head
+        self._order.remember_wait(
+            slot, self.readiness.now() + RANK_RETRY, self.readiness.generation
+        )
 
     def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
         """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
@@ -375,8 +386,17 @@ class ThrottlingAwarePriorityQueue:
                 self._keyed[slot] = version
                 return
             request = self._pop_from(slot)
-            if request is not None:
+            if request is None:  # pragma: no cover - the head was just peeked
+                continue
+            try:
                 self.push(request)
+            except Exception:
+                # Where it was, it is paced by its group, not lost.
+                logger.warning("slotkit: could not move %s to %r", request, key, exc_info=True)
+                self.pqueues.push(slot, request)
+                self._forget(slot)
+                self._keyed[slot] = version
+                return
 
     def _take(self, slot: str) -> Request | None:
         request = self._pop_from(slot)

@@ -152,7 +152,7 @@ class SlotOrder:
             rank, slot, number = heapq.heappop(self._ranked)
             group = self._group_entries.pop(number, None)
             if group is not None:
-                best = self._take_from_group(group, rank)
+                best = self._take_from_group(group, rank, slot)
                 if best is not None:
                     return best
             elif self._live.get(slot) == number:
@@ -166,11 +166,15 @@ class SlotOrder:
         self._leave_group(slot)
         self.forget_wait(slot)
 
-    def _take_from_group(self, group: Terms, filed: Rank) -> tuple[Rank, str, Terms] | None:
-        """The best member of *group*, whose entry was filed under *filed*, if that holds.
+    def _take_from_group(
+        self, group: Terms, filed: Rank, named: str
+    ) -> tuple[Rank, str, Terms] | None:
+        """The best member of *group*, whose entry was filed under *filed* and named
+        after member *named*, if that still holds.
 
         Otherwise the group is filed again under what its best member's rank
-        has become (worse: a member left, or got busier), or dropped if empty.
+        and name have become (worse: a member left, or got busier; among equal
+        ranks the name decides), or dropped if empty.
         """
         found = self._groups[group]
         found.entry = None
@@ -181,7 +185,7 @@ class SlotOrder:
             del self._groups[group]
             return None
         rank = _with_share(heap[0][0], found.share)
-        if rank > filed:
+        if (rank, heap[0][1]) > (filed, named):
             self._file_group(group, found)
             return None
         slot = heapq.heappop(heap)[1]

@@ -12,9 +12,12 @@ popped from.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, cast
 
 from queuelib.queue import LifoDiskQueue
@@ -60,6 +63,12 @@ class OpenQueues:
 
     def closed(self, queue: _SlotQueue) -> None:
         self._count -= self._open.pop(queue, 0)
+
+    def close_all_but(self, queue: _SlotQueue) -> None:
+        """Close every open slot queue but *queue* (the process is out of descriptors)."""
+        for other in [q for q in self._open if q is not queue]:
+            self._count -= self._open.pop(other)
+            other.sleep()
 
     def __len__(self) -> int:
         """Downstream queues open."""
@@ -109,16 +118,45 @@ class _SlotQueue(ScrapyPriorityQueue):
 
     def _wake(self) -> None:
         if self._asleep is not None:
-            prios, _ = self._asleep
+            try:
+                self._reopen(self._asleep[0])
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or self._open_queues is None:
+                    raise
+                # Out of file descriptors (sockets take them too): close the
+                # other sub-queues and try once more.
+                self._open_queues.close_all_but(self)
+                self._reopen(self._asleep[0])
             self._asleep = None
-            self.init_prios(prios)
         if self._open_queues is not None:
             self._open_queues.used(self)
+
+    def _reopen(self, prios: list[int]) -> None:
+        """Open the downstream queues of *prios* again, or none of them."""
+        try:
+            self.init_prios(prios)
+        except BaseException:
+            # Stay asleep: what is on disk is still all there is to know.
+            self._drop_queues(lambda queue: True)
+            self.curprio = None
+            raise
+
+    def _drop_queues(self, which: Callable[[Any], bool]) -> None:
+        """Close and forget the downstream queues *which* selects."""
+        for queues in (self.queues, self._start_queues):
+            for prio in [p for p, queue in queues.items() if which(queue)]:
+                with suppress(OSError):
+                    queues.pop(prio).close()
 
     def push(self, request: Request) -> None:
         self._wake()
         try:
             super().push(request)
+        except BaseException:
+            # A refused request (not serializable) leaves no empty downstream
+            # queue behind: peek() would stop at it, at a stale current priority.
+            self._drop_queues(lambda queue: not queue)
+            raise
         finally:
             self._used()
 

@@ -23,7 +23,11 @@ def best(filed: dict[str, tuple[Rank, Terms | None]], shares: dict[Terms, float]
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_take_best_is_the_best_filed_slot(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("values", [3, 1], ids=["varied", "ties"])
+def test_take_best_is_the_best_filed_slot(
+    seed: int, values: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """*values*: how many values each rank item takes (1: ties everywhere, names decide)."""
     monkeypatch.setattr(pqueue_order, "SLACK", 4)  # rebuild the heaps often
     rng = random.Random(seed)
     order = SlotOrder()
@@ -35,8 +39,13 @@ def test_take_best_is_the_best_filed_slot(seed: int, monkeypatch: pytest.MonkeyP
         slot = rng.choice(slots)
         if action < 0.45:
             group = rng.choice(GROUPS)
-            share = shares.get(group, -rng.random()) if group else 0.0
-            rank: Rank = (rng.randrange(3), -rng.randrange(2), share, rng.randrange(4))
+            share = shares.get(group, -rng.randrange(values) / 4) if group else 0.0
+            rank: Rank = (
+                rng.randrange(values),
+                -rng.randrange(values),
+                share,
+                rng.randrange(values),
+            )
             order.offer(slot, rank, group)
             filed[slot] = (rank, group)
             if group:
@@ -47,7 +56,7 @@ def test_take_best_is_the_best_filed_slot(seed: int, monkeypatch: pytest.MonkeyP
         elif action < 0.7:
             for group in order.groups():
                 # Spending elsewhere: a group's share only grows (its rank improves).
-                shares[group] = shares[group] - rng.random()
+                shares[group] = shares[group] - rng.randrange(values) / 4
                 order.refresh(group, shares[group])
         else:
             expected = best(filed, shares)
@@ -58,3 +67,28 @@ def test_take_best_is_the_best_filed_slot(seed: int, monkeypatch: pytest.MonkeyP
                 assert taken[2] == group
         assert {slot for slot in slots if order.offered(slot)} == set(filed)
         assert set(order.groups()) == {group for _, group in filed.values() if group}
+
+
+BUDGET: Terms = (("budget", 1.0),)
+API: Terms = (("api", 1.0),)
+EQUAL: Rank = (0, 0, -0.1, 0)
+
+
+def test_a_tie_goes_by_name_after_the_groups_named_member_leaves() -> None:
+    """A group's entry is named after its best member; that member gone, the
+    entry still carried its name and went before an equal 'b'."""
+    order = SlotOrder()
+    order.offer("a", EQUAL, BUDGET)
+    order.offer("c", EQUAL, BUDGET)
+    order.offer("b", EQUAL, API)
+    order.discard("a")
+    assert [order.take_best()[1] for _ in range(2)] == ["b", "c"]  # type: ignore[index]
+
+
+def test_a_tie_goes_by_name_after_the_named_member_changes_group() -> None:
+    order = SlotOrder()
+    order.offer("a", EQUAL, BUDGET)
+    order.offer("c", EQUAL, BUDGET)
+    order.offer("b", EQUAL)
+    order.offer("a", (1, 0, -0.1, 0), API)  # busier, and its new head spends another quota
+    assert [order.take_best()[1] for _ in range(3)] == ["b", "c", "a"]  # type: ignore[index]

@@ -13,6 +13,8 @@ import math
 import os
 import random
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -1268,3 +1270,130 @@ def test_a_downstream_queue_that_cannot_peek_is_named() -> None:
     queue = ThrottlingAwarePriorityQueue(crawler, NoPeekQueue, "", downloader=downloader)
     with pytest.raises(TypeError, match=r"needs queues that can peek; .*NoPeekQueue cannot"):
         queue.push(req("a"))
+
+
+# ------------------------------------------------------------- found by a review (files)
+
+
+def job_queue(tmp_path: Path, state: Any = None, **kwargs: Any) -> ThrottlingAwarePriorityQueue:
+    crawler = get_crawler()
+    downloader = FakeDownloader(Clock())
+    attach_engine(crawler, downloader)
+    return ThrottlingAwarePriorityQueue(
+        crawler, PickleFifoDiskQueue, str(tmp_path), state, downloader=downloader, **kwargs
+    )
+
+
+@contextmanager
+def descriptors_left(room: int) -> Iterator[None]:
+    """Lower this process's open-file limit to *room* more than it has open."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + room, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+@pytest.mark.parametrize(("room", "pushed"), [(-3, False), (-2, True), (0, True)])
+def test_a_sub_queue_that_cannot_reopen_keeps_its_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: int, pushed: bool
+) -> None:
+    """Reopening a closed sub-queue failed half way (no descriptor left): it
+    forgot the priorities not reopened yet, and a push then dropped the slot.
+    Now the other sub-queues close to make room; if that is not enough, the
+    request goes to memory and the slot stays as it was on disk."""
+    monkeypatch.setattr(pqueue_slot, "open_queue_limit", lambda: 2)
+    queue = job_queue(tmp_path)
+    for host in ("a", "b"):
+        queue.push(req(host, 0, priority=0))
+        queue.push(req(host, 1, priority=1))
+    with descriptors_left(room):
+        if pushed:
+            queue.push(req("a", 2))
+        else:
+            with pytest.raises(ValueError, match="could not take it"):
+                queue.push(req("a", 2))  # the scheduler keeps this one in memory
+    resumed = job_queue(tmp_path, queue.close())
+    urls = sorted(request.url for request in iter(resumed.pop, None))
+    expected = ["http://a/0", "http://a/1", "http://b/0", "http://b/1"]
+    assert urls == sorted(expected + ["http://a/2"] * pushed)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+def test_a_pop_out_of_descriptors_closes_the_other_sub_queues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sockets took the descriptors a closed sub-queue needs to reopen: the
+    other sub-queues close, and the pop goes on; nothing is lost."""
+    monkeypatch.setattr(pqueue_slot, "open_queue_limit", lambda: 4)
+    queue = job_queue(tmp_path)
+    for host in ("a", "b", "c"):
+        queue.push(req(host, 0, priority=0))
+        queue.push(req(host, 1, priority=1))
+    assert queue.pqueues["a"]._asleep is not None
+    with descriptors_left(0):
+        first = queue.pop_ready()
+    rest = list(iter(queue.pop_ready, None))
+    assert sorted(r.url for r in [first, *rest] if r is not None) == [
+        f"http://{host}/{n}" for host in ("a", "b", "c") for n in (0, 1)
+    ]
+
+
+def test_a_refused_push_leaves_no_empty_priority_queue(tmp_path: Path) -> None:
+    """With start-request queues (Scrapy passes them with JOBDIR): a priority's
+    queue emptied, an unserializable request then pushed at that priority left
+    an empty queue where peek() stopped (KeyError), so the slot never went."""
+    queue = job_queue(tmp_path, start_queue_cls=PickleFifoDiskQueue)
+    start = {"is_start_request": True}
+    queue.push(req("a", 1, priority=-1, meta=start))
+    queue.push(req("a", 2))
+    assert url_of(queue.pop_ready()) == "http://a/2"
+    with pytest.raises(ValueError, match="pickle"):
+        queue.push(req("a", 3, meta={"bad": lambda: None}))
+    queue.push(req("a", 4, priority=-1, meta=start))
+    assert sorted(r.url for r in iter(queue.pop_ready, None)) == ["http://a/1", "http://a/4"]
+
+
+def test_a_slot_whose_rank_raises_while_choosing_does_not_starve_the_others() -> None:
+    """Filed back under its old rank, it came out first and raised at every pop."""
+    clock = Clock()
+    crawler = get_crawler(settings_dict={})
+    downloader = QuotaRegistryDownloader(clock)
+    attach_engine(crawler, downloader)
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("a", 0, meta={"throttling_scopes": {"a": None, "budget": 1.0}}))
+    queue.push(req("z", 0))  # ranks after a (no quota share)
+    downloader.quota.failing = 10**6
+    assert url_of(queue.pop_ready()) == "http://z/0"
+
+
+def test_a_request_that_cannot_move_to_its_sites_sub_queue_stays_queued(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Crawl-delay read later moves s.example.com's queued request out of its
+    group's sub-queue; a push that fails there (a full disk) lost the request."""
+    crawler, downloader, _, _, _ = slotkit_setup(
+        {"THROTTLING_DOMAIN_GROUPING": "registrable_domain", "ROBOTSTXT_OBEY": True}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("s.example.com", 1))
+    queue.push(req("www.example.com", 1))
+    assert sorted(queue.pqueues) == ["example.com"]
+    downloader.crawl_delays.delays["s.example.com"] = 0.5
+    push = queue.push
+
+    def failing_push(request: Request) -> None:
+        raise ValueError("the job directory could not take it")
+
+    monkeypatch.setattr(queue, "push", failing_push)
+    first = queue.pop_ready()
+    monkeypatch.setattr(queue, "push", push)
+    assert url_of(first) == "http://www.example.com/1"
+    assert len(queue) == 1
+    assert "could not move" in caplog.text
+    assert url_of(queue.pop()) == "http://s.example.com/1"
