@@ -44,6 +44,7 @@ from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue, uses_throttling_scheduler
 from slotkit.scope_control import ScopeControl
+from slotkit.scope_entries import forget_setting_warnings
 from slotkit.scope_managers import check_scope_managers
 from slotkit.setting_names import warn_unknown_setting_names
 from slotkit.settings import DOMAIN, ThrottlingSettings
@@ -79,6 +80,7 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self.settings = crawler.settings
         self.signals = crawler.signals
         # 1. Validate everything first: a bad setting must fail before any I/O is set up.
+        forget_setting_warnings()
         self.config = ThrottlingSettings.from_settings(crawler.settings)
         warn_unknown_setting_names(crawler.settings)
         check_scope_managers(self.config)

@@ -17,6 +17,7 @@ from scrapy.utils.misc import load_object
 
 from slotkit.backoff import BACKOFF_KEYS
 from slotkit.validation import (
+    _WARNED_JITTER,
     SettingsError,
     _closest,
     _describe,
@@ -266,6 +267,19 @@ def slot_entry(key: str, entry: object) -> dict[str, Any]:
 
 
 _WARNED_QUOTAS: set[str] = set()
+
+
+def forget_setting_warnings() -> None:
+    """A new crawl starts: its settings' warnings are said again, once each.
+
+    Settings are parsed again after the crawl's start (each scope manager
+    reads its entry), hence the sets; kept per process, a second crawl in the
+    same process (a test session, ``CrawlerProcess`` with two spiders) was
+    told nothing.
+    """
+    _WARNED_KEYS.clear()
+    _WARNED_QUOTAS.clear()
+    _WARNED_JITTER.clear()
 
 
 def warn_serial_quotas(

@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
+from twisted.internet.task import Clock
 
+from slotkit.downloader import Downloader
 from slotkit.settings import (
     CUSTOM,
     DOMAIN,
@@ -775,3 +778,22 @@ def test_a_quota_scope_without_concurrency_is_told_it_sends_one_at_a_time(
         read({"THROTTLING_SCOPES": {"one-api": {"quota": 20}}, "CONCURRENT_REQUESTS": 1})
         read({"THROTTLING_SCOPES": {"single-api": {"quota": 1}}})
     assert "has a quota but no" not in caplog.text
+
+
+def test_each_crawl_is_told_of_its_settings_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The warnings were said once per process: a second crawl in the same
+    process (CrawlerProcess with two spiders, a test session) heard nothing."""
+    settings = {
+        "THROTTLING_SCOPES": {"A.test": {"concurrency": 1}, "api": {"quota": 10}},
+        "DOWNLOAD_DELAY_JITTER": [-2, 0],
+    }
+    told = []
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="slotkit"):
+            Downloader(get_crawler(settings_dict=settings), clock=Clock())
+        told.append(caplog.text)
+    for text in told:
+        assert text.count("key 'A.test' is no site's scope id") == 1
+        assert text.count("reaches below a zero delay") == 1
+        assert text.count("THROTTLING_SCOPES['api'] has a quota but no 'concurrency'") == 1
