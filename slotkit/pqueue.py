@@ -414,6 +414,7 @@ class ThrottlingAwarePriorityQueue:
         if emptied:
             self._order.discard(slot)
             self._ranks.forget(slot)
+            self._failing.discard(slot)
         return request
 
     def departed(self, slot: str) -> None:
