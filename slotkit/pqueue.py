@@ -159,13 +159,22 @@ class ThrottlingAwarePriorityQueue:
 
     def pop(self) -> Request | None:
         """The best ready request; if none is ready, the one due soonest."""
-        slot, _ = self._choose(fallback=True)
-        return None if slot is None else self._take(slot)
+        for _ in range(3):  # the fallback may name a slot that just failed again
+            slot, _ = self._choose(fallback=True)
+            if slot is None:
+                return None
+            if (request := self._take(slot)) is not None:
+                return request
+        return None
 
     def pop_ready(self) -> Request | None:
         """The best request the downloader would send at once, or ``None``."""
-        slot, _ = self._choose(fallback=False)
-        return None if slot is None else self._take(slot)
+        while True:  # a slot whose queue cannot be read now waits: at most each once
+            slot, _ = self._choose(fallback=False)
+            if slot is None:
+                return None
+            if (request := self._take(slot)) is not None:
+                return request
 
     def next_ready_in(self) -> float:
         """Seconds until some slot may be ready (``inf``: only a finished download can tell)."""
@@ -342,8 +351,11 @@ class ThrottlingAwarePriorityQueue:
         """Ranking *slot* raised (a custom manager's or a disk queue's error):
         log it once, and rank the slot again a little later."""
         if slot not in self._failing:
+            # One traceback while the trouble lasts: out of descriptors, every
+            # slot whose files are closed fails alike.
+            log = logger.debug if self._failing else logger.exception
             self._failing.add(slot)
-            logger.exception("slotkit: could not rank slot %r; asking again in 1 s", slot)
+            log("slotkit: could not read or rank slot %r; trying again in 1 s", slot, exc_info=True)
         self._order.discard(slot)  # an entry filed before, for an older head
         self._order.remember_wait(
             slot, self.readiness.now() + RANK_RETRY, self.readiness.generation
@@ -399,7 +411,14 @@ class ThrottlingAwarePriorityQueue:
                 return
 
     def _take(self, slot: str) -> Request | None:
-        request = self._pop_from(slot)
+        """Pop the head of *slot*, or ``None`` if its job directory cannot be read now."""
+        try:
+            request = self._pop_from(slot)
+        except OSError:
+            # No descriptor left to reopen its files: an OSError would end the
+            # engine's loop. Its requests wait on disk; another slot may go.
+            self._rank_failed(slot)
+            return None
         if slot in self.pqueues:
             self._ranks.served(slot)
             self._offer(slot)

@@ -118,18 +118,22 @@ class _SlotQueue(ScrapyPriorityQueue):
 
     def _wake(self) -> None:
         if self._asleep is not None:
-            try:
-                self._reopen(self._asleep[0])
-            except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE) or self._open_queues is None:
-                    raise
-                # Out of file descriptors (sockets take them too): close the
-                # other sub-queues and try once more.
-                self._open_queues.close_all_but(self)
-                self._reopen(self._asleep[0])
+            prios = self._asleep[0]
+            self._making_room(lambda: self._reopen(prios))
             self._asleep = None
         if self._open_queues is not None:
             self._open_queues.used(self)
+
+    def _making_room(self, opening: Callable[[], None]) -> None:
+        """Run *opening*; out of file descriptors (sockets take them too), close
+        the other sub-queues and run it once more."""
+        try:
+            opening()
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or self._open_queues is None:
+                raise
+            self._open_queues.close_all_but(self)
+            opening()
 
     def _reopen(self, prios: list[int]) -> None:
         """Open the downstream queues of *prios* again, or none of them."""
@@ -151,7 +155,8 @@ class _SlotQueue(ScrapyPriorityQueue):
     def push(self, request: Request) -> None:
         self._wake()
         try:
-            super().push(request)
+            # A new priority opens a file.
+            self._making_room(lambda: super(_SlotQueue, self).push(request))
         except BaseException:
             # A refused request (not serializable) leaves no empty downstream
             # queue behind: peek() would stop at it, at a stale current priority.

@@ -57,8 +57,7 @@ class SlotQueues(dict[str, _SlotQueue]):
             queue.push(request)
         except Exception as exc:
             if queue is not None and not queue:
-                del self[slot]
-                queue.close()
+                self._drop(slot, queue)
             if isinstance(exc, OSError):
                 # A full disk, no file descriptor left: Scrapy's scheduler lets
                 # an OSError end the engine's loop, and the crawl never finishes.
@@ -73,13 +72,17 @@ class SlotQueues(dict[str, _SlotQueue]):
         request = queue.pop()
         if queue:
             return request, False
+        self._drop(slot, queue)
+        return request, True
+
+    def _drop(self, slot: str, queue: _SlotQueue) -> None:
+        """Forget *slot*, whose *queue* is empty."""
         del self[slot]
         queue.close()
         if self.directory:
             # The slot's directory goes once its queues removed their files.
             with suppress(OSError):
                 Path(self.directory, _path_safe(slot)).rmdir()
-        return request, True
 
     def close_all(self) -> dict[str, list[int]]:
         """Close every slot queue; the state to resume them from."""

@@ -14,7 +14,7 @@ import os
 import random
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -1233,7 +1233,7 @@ def test_a_slot_whose_rank_raises_is_kept_and_asked_again(
     assert queue.pop_ready() is None  # still failing
     clock.advance(1.0)
     assert url_of(queue.pop_ready()) == "http://a/0"
-    logged = [r for r in caplog.records if "could not rank slot 'a'" in r.getMessage()]
+    logged = [r for r in caplog.records if "could not read or rank slot 'a'" in r.getMessage()]
     assert len(logged) == 1  # once per run of failures
 
     # Ranking the next head after a pop raises: the popped request is still returned.
@@ -1397,3 +1397,55 @@ def test_a_request_that_cannot_move_to_its_sites_sub_queue_stays_queued(
     assert len(queue) == 1
     assert "could not move" in caplog.text
     assert url_of(queue.pop()) == "http://s.example.com/1"
+
+
+@contextmanager
+def every_descriptor_taken() -> Iterator[None]:
+    """Take every free file descriptor, as idle keep-alive sockets can."""
+    taken: list[int] = []
+    try:
+        with suppress(OSError):
+            while True:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="POSIX descriptors")
+def test_a_job_out_of_descriptors_neither_raises_nor_loses_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe: sockets held every descriptor. pop_ready() raised OSError into the
+    engine's loop (logged by asyncio, the crawl slowed 8-10 times), and a push
+    that went to memory left an empty slot directory. Now a slot that cannot be
+    read waits a second while others may go; nothing is lost."""
+    monkeypatch.setattr(pqueue_slot, "open_queue_limit", lambda: 4)
+    queue = job_queue(tmp_path)
+    clock = queue.downloader.clock
+    for site in range(10):
+        queue.push(req(f"s{site}", 0))
+    queue.pqueues.open_queues.close_all_but(None)  # type: ignore[union-attr, arg-type]
+    with every_descriptor_taken():
+        assert queue.pop_ready() is None
+        with pytest.raises(ValueError, match="could not take it"):
+            queue.push(req("new", 0))  # the scheduler keeps it in memory
+    assert not [p for p in tmp_path.iterdir() if p.is_dir() and not any(p.iterdir())]
+    clock.advance(1.0)
+    urls = [request.url for request in iter(queue.pop_ready, None)]
+    assert sorted(urls) == sorted(f"http://s{site}/0" for site in range(10))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+def test_a_push_for_a_new_site_out_of_descriptors_closes_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pqueue_slot, "open_queue_limit", lambda: 8)
+    queue = job_queue(tmp_path)
+    for site in range(6):
+        queue.push(req(f"s{site}", 0))
+    with descriptors_left(-1):
+        queue.push(req("new", 0))  # went to memory before
+    urls = sorted(request.url for request in iter(queue.pop_ready, None))
+    assert urls == sorted([*(f"http://s{site}/0" for site in range(6)), "http://new/0"])
