@@ -20,7 +20,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, cast
 
-from queuelib.queue import LifoDiskQueue
+from queuelib.queue import FifoDiskQueue, LifoDiskQueue
 from scrapy.pqueues import ScrapyPriorityQueue
 
 if TYPE_CHECKING:
@@ -41,19 +41,20 @@ class CannotPeek(TypeError):
 
 class OpenQueues:
     """The slot queues of one job directory whose files are open, least
-    recently used first; at most *limit* downstream queues (a file or two
-    each) stay open."""
+    recently used first; they hold at most *limit* files open, the most
+    recently used one alone excepted."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = open_queue_limit() if limit is None else limit
-        #: Open slot queue -> how many downstream queues it holds open.
+        #: Open slot queue -> how many files it holds open.
         self._open: OrderedDict[_SlotQueue, int] = OrderedDict()
         self._count = 0
 
     def used(self, queue: _SlotQueue) -> None:
         """*queue* was opened or used: it goes last; the first ones close if too many are open."""
-        self._count += queue.open_queues() - self._open.pop(queue, 0)
-        self._open[queue] = queue.open_queues()
+        files = queue.open_files()
+        self._count += files - self._open.pop(queue, 0)
+        self._open[queue] = files
         while self._count > self.limit and len(self._open) > 1:
             oldest = next(iter(self._open))
             if oldest is queue:  # pragma: no cover - queue was just moved last
@@ -71,13 +72,13 @@ class OpenQueues:
             other.sleep()
 
     def __len__(self) -> int:
-        """Downstream queues open."""
+        """Files open."""
         return self._count
 
 
 def open_queue_limit() -> int:
-    """Downstream queues a job's slot queues may keep open: a quarter of the
-    process's file descriptors (sockets and the rest need the others)."""
+    """Files a job's slot queues may keep open: a quarter of the process's file
+    descriptors (sockets and the rest need the others)."""
     try:
         import resource
     except ImportError:  # pragma: no cover
@@ -106,8 +107,13 @@ class _SlotQueue(ScrapyPriorityQueue):
         if open_queues is not None:
             open_queues.used(self)
 
-    def open_queues(self) -> int:
-        return len(self.queues) + len(self._start_queues)
+    def open_files(self) -> int:
+        """Files its downstream queues hold open (a FIFO disk queue has two: head and tail)."""
+        return sum(
+            2 if isinstance(queue, FifoDiskQueue) else 1
+            for queues in (self.queues, self._start_queues)
+            for queue in queues.values()
+        )
 
     def sleep(self) -> None:
         """Close this queue's files, keeping what :meth:`_wake` needs to reopen them."""

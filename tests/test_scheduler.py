@@ -464,15 +464,15 @@ def test_a_job_keeps_few_slot_files_open(
             request = req(f"s{site}", n, priority=n % 2)
             queue.push(request)
             urls.add(request.url)
-    assert files_open_under(tmp_path) <= 2 * 6 + 2
+    assert files_open_under(tmp_path) <= 6
     assert len(queue) == 120
     popped = [queue.pop_ready() for _ in range(50)]
-    assert files_open_under(tmp_path) <= 2 * 6 + 2
+    assert files_open_under(tmp_path) <= 6
     state = queue.close()
     assert files_open_under(tmp_path) == 0
 
     resumed = job(state)
-    assert files_open_under(tmp_path) <= 2 * 6 + 2
+    assert files_open_under(tmp_path) <= 6
     assert len(resumed) == 70
     popped += list(iter(resumed.pop_ready, None))
     assert sorted(r.url for r in popped if r is not None) == sorted(urls)
