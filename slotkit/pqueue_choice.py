@@ -110,15 +110,12 @@ class SlotChoice:
                     if slot in self.pqueues:
                         self._offer(slot)
                     continue
-                try:
-                    rank, terms = self._rank_and_terms(slot, self._head(slot))
-                except CannotPeek:
-                    raise
-                except Exception:
+                ranked = self._current_rank(slot)
+                if ranked is None:
                     # Filed back under its old rank, it would come out first
                     # and raise again at every choice, starving the rest.
-                    self._rank_failed(slot)
                     continue
+                rank, terms = ranked
                 if rank > filed and slot not in refiled:
                     # Busier than when filed: file it again. Once per choice: a
                     # rank that worsens with time (a quota filling up) would
@@ -163,17 +160,24 @@ class SlotChoice:
         """
         if slot not in self.pqueues:
             return
+        # Raising would lose a request just popped, or have one just pushed
+        # pushed again; not filing the slot would strand its requests.
+        ranked = self._current_rank(slot)
+        if ranked is not None:
+            self._order.offer(slot, ranked[0], ranked[1] or None)
+
+    def _current_rank(self, slot: str) -> tuple[Rank, Terms] | None:
+        """The rank and quota terms of *slot* now, or ``None`` if that raised
+        (then :meth:`_rank_failed` has put the slot aside)."""
         try:
-            rank, terms = self._rank_and_terms(slot, self._head(slot))
+            ranked = self._rank_and_terms(slot, self._head(slot))
         except CannotPeek:
             raise  # the crawl's setup is wrong: no point asking again
         except Exception:
-            # Raising would lose a request just popped, or have one just pushed
-            # pushed again; not filing the slot would strand its requests.
             self._rank_failed(slot)
-            return
+            return None
         self._failing.discard(slot)
-        self._order.offer(slot, rank, terms or None)
+        return ranked
 
     def _rank_failed(self, slot: str) -> None:
         """Ranking *slot* raised (a custom manager's or a disk queue's error):

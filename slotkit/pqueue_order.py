@@ -178,17 +178,15 @@ class SlotOrder:
         """
         found = self._groups[group]
         found.entry = None
-        heap = found.heap
-        while heap and self._live.get(heap[0][1]) != heap[0][2]:
-            heapq.heappop(heap)  # superseded
-        if not heap:
+        top = self._live_top(found.heap)
+        if top is None:
             del self._groups[group]
             return None
-        rank = _with_share(heap[0][0], found.share)
-        if (rank, heap[0][1]) > (filed, named):
+        rank = _with_share(top[0], found.share)
+        if (rank, top[1]) > (filed, named):
             self._file_group(group, found)
             return None
-        slot = heapq.heappop(heap)[1]
+        slot = heapq.heappop(found.heap)[1]
         del self._live[slot]
         self._leave_group(slot)
         if group in self._groups:
@@ -200,12 +198,10 @@ class SlotOrder:
         if found.entry is not None:
             self._group_entries.pop(found.entry, None)
             found.entry = None
-        heap = found.heap
-        while heap and self._live.get(heap[0][1]) != heap[0][2]:
-            heapq.heappop(heap)
-        if not heap:
+        top = self._live_top(found.heap)
+        if top is None:
             return
-        rank, slot, _ = heap[0]
+        rank, slot, _ = top
         number = next(self._numbers)
         found.entry = number
         self._group_entries[number] = group
@@ -215,6 +211,12 @@ class SlotOrder:
             (_with_share(rank, found.share), slot, number),
             len(self._live),
         )
+
+    def _live_top(self, heap: list[_Entry]) -> _Entry | None:
+        """The best live entry of a group's *heap*, superseded ones above it dropped."""
+        while heap and self._live.get(heap[0][1]) != heap[0][2]:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
     def _leave_group(self, slot: str, unless: Terms | None = None) -> None:
         """Take *slot* out of its group's members (not if that is *unless*)."""

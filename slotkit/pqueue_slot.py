@@ -127,8 +127,7 @@ class _SlotQueue(ScrapyPriorityQueue):
             prios = self._asleep[0]
             self._making_room(lambda: self._reopen(prios))
             self._asleep = None
-        if self._open_queues is not None:
-            self._open_queues.used(self)
+        self._used()
 
     def _making_room(self, opening: Callable[[], None]) -> None:
         """Run *opening*; out of file descriptors (sockets take them too), close
