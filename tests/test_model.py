@@ -22,9 +22,12 @@ Invariants (after every step, and at every dispatch):
 * every dispatch was allowed by every scope manager at that moment;
 * in flight per scope never exceeds its concurrency at dispatch time;
 * no dispatch comes earlier than the scope's delay times the jitter factor
-  drawn (exactly the delay with no jitter), a hold, the backoff floor of the
-  current quiet window, or the quota (no more than ``quota`` units in any
-  ``window``, bar one oversized request in an empty window);
+  drawn (exactly the delay with no jitter; once a backoff is over, a factor
+  drawn with the backoff jitter is capped by the scope's own), a hold, the
+  backoff floor of the current quiet window, or the quota (no more than
+  ``quota`` units sent in any ``window``, bar one oversized request in an
+  empty window; units a server reports beyond those the manager counts,
+  whose units stay counted a window after their request ended, count too);
 * requests with the same scopes, amounts and priority are admitted in
   arrival order, and no dispatch passes a waiter parked on one of its scopes
   that sorts before it (priority, then quota portion, then arrival);
@@ -51,7 +54,7 @@ import math
 import os
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -191,6 +194,10 @@ class ScopeModel:
     backoff_until: float = -math.inf
     sent_log: deque[tuple[float, float]] = field(default_factory=deque)
     in_flight: int = 0
+    #: A quota's units stay counted until a window after their request ended
+    #: (slotkit.quota): ``(sent_at, units)`` in flight, ``(expires_at, units)`` ended.
+    units_in_flight: list[tuple[float, float]] = field(default_factory=list)
+    units_ended: list[tuple[float, float]] = field(default_factory=list)
 
     @classmethod
     def fresh(cls, spec: ScopeSpec) -> ScopeModel:
@@ -206,6 +213,11 @@ class ScopeModel:
         if self.backoff_floor is not None and now < self.backoff_until:
             floor = max(floor, self.backoff_floor)
         return floor
+
+    def units_counted(self, now: float) -> float:
+        """Quota units the manager counts at *now*: in flight, or ended less than a window ago."""
+        ended = sum(units for expires_at, units in self.units_ended if expires_at > now)
+        return ended + sum(units for _, units in self.units_in_flight)
 
 
 class SpyManager:
@@ -228,6 +240,7 @@ class SpyManager:
         )
         self.model = ScopeModel.fresh(spec)
         self.last_hold: float | None = None
+        self._ending: tuple[float, float | None] | None = None
 
     def can_send(self, now: float, amount: float | None = None) -> float:
         return self.real.can_send(now, amount)
@@ -239,9 +252,24 @@ class SpyManager:
         model.last_sent = now
         model.factor = self._drawn_factor()
         model.sent_log.append((now, 1.0 if amount is None else amount))
+        model.units_in_flight.append((now, 1.0 if amount is None else amount))
+
+    def record_ending(self, sent_at: float, amount: float | None) -> None:
+        self._ending = (sent_at, amount)
+        self.real.record_ending(sent_at, amount)
 
     def record_done(self, now: float) -> None:
         self.real.record_done(now)
+        ending, self._ending = self._ending, None
+        flying = self.model.units_in_flight
+        if not flying:
+            return
+        index = 0  # as the manager does: the oldest, unless the gate said which
+        if ending is not None:
+            units = 1.0 if ending[1] is None else ending[1]
+            index = next((i for i, entry in enumerate(flying) if entry == (ending[0], units)), 0)
+        _, units = flying.pop(index)
+        self.model.units_ended.append((now + self.model.spec.window, units))
 
     def record_backoff(self, delay: float | None = None, now: float = 0.0) -> None:
         real, model = self.real, self.model
@@ -297,13 +325,16 @@ class SpyManager:
         if spec.quota is None:
             return
         if remaining is not None:  # the server's count can only raise ours
-            while log and log[0][0] + spec.window <= now:
-                log.popleft()
-            deficit = (spec.quota - remaining) - sum(units for _, units in log)
+            # Raised above what the manager counts, which may be more than
+            # what was sent in the last window: a unit stays counted until a
+            # window after its request ended.
+            deficit = (spec.quota - remaining) - self.model.units_counted(now)
             if deficit > 0:
                 log.append((now, deficit))
+                self.model.units_ended.append((now + spec.window, deficit))
         elif consumed:
             log.append((now, consumed))
+            self.model.units_ended.append((now + spec.window, consumed))
 
     def is_idle(self, now: float, max_idle: float) -> bool:
         return self.real.is_idle(now, max_idle)
@@ -469,11 +500,16 @@ class GateMachine(RuleBasedStateMachine):
             self.fail(f"{spy.scope_id}: dispatched at {now}, held until {model.hold_until}")
         if model.last_sent is not None:
             gap = now - model.last_sent
-            floor = model.delay_floor(now) * model.factor
+            factor = model.factor
+            if now >= model.backoff_until:
+                # Once a backoff has recovered, a factor drawn with the backoff
+                # jitter moves into the scope's own range (it may have by now).
+                factor = min(factor, max(0.0, 1.0 + model.spec.jitter[1]))
+            floor = model.delay_floor(now) * factor
             if gap < floor - eps:
                 self.fail(
                     f"{spy.scope_id}: gap {gap:.6f} since {model.last_sent} is shorter than "
-                    f"delay floor {model.delay_floor(now)} x factor {model.factor}"
+                    f"delay floor {model.delay_floor(now)} x factor {factor}"
                 )
         spec = model.spec
         if spec.quota is not None:
@@ -979,3 +1015,53 @@ def test_rampup_step_wakes_a_full_scope() -> None:
     assert not second.called  # concurrency starts at min_concurrency = 1
     clock.advance(window)  # a quiet window: rampup raises the concurrency to 2
     assert second.called  # fails: nothing asks the scope again until `first` is released
+
+
+def test_a_gap_drawn_in_backoff_is_capped_once_the_backoff_is_over() -> None:
+    """Found by CI's 1,000 examples: a gap drawn with the backoff jitter (+5 %)
+    runs on past the recovery at the plain delay (its own jitter is zero), as
+    scope.py means it to; the model expected the +5 % still."""
+    steps = BackoffRules(delay_factor=1.5, max_delay=2.0, min_delay=0.1)
+    backoff = replace(steps, jitter=(-0.1, 0.1), window=1.0)
+    plain = ScopeSpec(1, 1, 0.0, (0.0, 0.0), replace(steps, jitter=(0.0, 0.0), window=0.0),
+                      None, None, 1.0, seed=0)  # fmt: skip
+    jittered = ScopeSpec(1, 1, 0.0, (0.0, 0.0), backoff, None, None, 1.0, seed=0)
+    machine = GateMachine()
+    machine.setup(specs=[plain, jittered], fresh_spec=plain, limit=1, max_idle=0.0, start=0.0)
+    machine.new_request(
+        amounts=[None], copies=4, delay=0.0, fresh=False, on_fire="none", picks=[1],
+        priority=0, via_acquire=False,
+    )  # fmt: skip
+    machine.set_base_delay(delay=0.5, pick=0)
+    machine.finish(hint=0.05, index=0, mask=0, outcome="429", twice=False)
+    machine.teardown()
+    assert machine.errors == []
+
+
+def test_a_server_count_met_by_units_still_counted_adds_nothing() -> None:
+    """Found by CI's 1,000 examples: two units sent at 0 end at 1.0 and 1.01,
+    when the server reports none left. The manager still counts both (a unit
+    stays counted a window after its request ended), so nothing is added, and
+    a third request goes at 2.0; the model counted by send time, added two
+    units at 1.01 and called that dispatch an overspend."""
+    still = BackoffRules(jitter=(0.0, 0.0), window=0.0)
+    plain = ScopeSpec(1, 1, 0.0, (0.0, 0.0), still, None, None, 1.0, seed=0)
+    metered = ScopeSpec(2, 1, 0.0, (0.0, 0.0), still, None, 2.0, 1.0, seed=0)
+    machine = GateMachine()
+    machine.setup(specs=[plain, metered], fresh_spec=plain, limit=1, max_idle=0.0, start=0.0)
+
+    def one_request() -> None:
+        machine.new_request(
+            amounts=[None], copies=1, delay=0.0, fresh=False, on_fire="none", picks=[1],
+            priority=0, via_acquire=False,
+        )  # fmt: skip
+
+    one_request()
+    one_request()
+    machine.advance(step=1.0)
+    machine.finish(hint=0.05, index=0, mask=0, outcome="200", twice=False)
+    machine.advance(step=0.01)
+    machine.finish(hint=0.05, index=0, mask=0, outcome="quota-remaining", twice=False)  # none left
+    one_request()
+    machine.teardown()
+    assert machine.errors == []
