@@ -20,6 +20,15 @@ REPO = Path(__file__).resolve().parent.parent
 RETRY_MIDDLEWARE = "scrapy.downloadermiddlewares.retry.RetryMiddleware"
 
 
+@pytest.fixture(autouse=True)
+def _outside_any_scrapy_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands read a Scrapy project's settings when they find one (a
+    scrapy.cfg above the working directory, SCRAPY_SETTINGS_MODULE): a
+    developer's shell or checkout must not change what these tests see."""
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
 def explain_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     """Run ``explain --json`` in-process; return the parsed explanation."""
     status = main(["explain", "--json", *args])

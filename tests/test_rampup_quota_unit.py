@@ -372,12 +372,14 @@ def _simulate_rampup(settings: dict[str, object], seconds: float = 80.0) -> tupl
     per second and the 429s per window over the second half."""
     import heapq
     import random
+    from unittest import mock
 
     from slotkit.settings import DOMAIN
 
-    random.seed(7)
     config = ThrottlingSettings.from_settings(Settings(settings)).scope_config("api.test", DOMAIN)
-    scope = ThrottlingScopeManager.from_crawler(None, config.as_dict())  # type: ignore[arg-type]
+    # The manager draws its jitter from slotkit's own generator, not random's.
+    with mock.patch("slotkit.scope.SHARED_RNG", random.Random(7)):
+        scope = ThrottlingScopeManager.from_crawler(None, config.as_dict())  # type: ignore[arg-type]
     rate, burst, latency, window = 10.0, 2.0, 0.05, config.backoff.window
     now, tokens, refilled, step_started = 0.0, burst, 0.0, -math.inf
     pending: list[tuple[float, float, int]] = []  # (answered at, sent at, status)
