@@ -81,7 +81,9 @@ async def test_crawl_delay_is_a_floor_under_default_jitter(mock_site: MockSite) 
     assert len(result.responses) == 6
     gaps = result.dispatch_gaps(HOST)  # robots.txt first, then the pages
     assert min(gaps) >= CRAWL_DELAY - 0.001
-    assert max(gaps) <= CRAWL_DELAY * 1.5 + 0.1
+    # The jitter's top (x1.5) plus room for late timers on a loaded machine: an
+    # upper bound only says the crawl is not needlessly slow.
+    assert max(gaps) <= CRAWL_DELAY * 1.5 + 0.5
 
 
 @pytest_twisted.ensureDeferred

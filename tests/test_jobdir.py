@@ -19,6 +19,12 @@ from tests.server import MockSite, fail_first
 SLOTKIT: dict[str, Any] = {"DOWNLOADER": "slotkit.Downloader", "DOWNLOAD_DELAY_JITTER": 0}
 HOST, OTHER = "127.0.0.1", "127.0.0.2"
 RETRY_AFTER = 30
+PAUSE_AFTER = 3
+"""CLOSESPIDER_TIMEOUT of a first run, whose requests must have gone (or reached the
+gate) before it pauses, on a busy machine too: a cold start alone took 0.3 s of the
+1 s this was."""
+HELD = 2 * PAUSE_AFTER
+"""A delay that still holds a request when that run pauses."""
 
 
 def test_scope_state_round_trip(tmp_path: Path) -> None:
@@ -145,7 +151,7 @@ async def test_resume_during_retry_after_waits_for_the_deadline(
     settings = {
         **SLOTKIT,
         "JOBDIR": str(tmp_path / "job"),
-        "CLOSESPIDER_TIMEOUT": 1,
+        "CLOSESPIDER_TIMEOUT": PAUSE_AFTER,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
     }
     urls = [mock_site.url(HOST, "/page/0"), mock_site.url(OTHER, "/page/1")]
@@ -157,9 +163,7 @@ async def test_resume_during_retry_after_waits_for_the_deadline(
     assert first.errors == []
 
     mock_site.recorder.clear()
-    second = await run_crawl(
-        ListSpider, {**settings, "CLOSESPIDER_TIMEOUT": 2}, urls=[], crawl_timeout=20
-    )
+    second = await run_crawl(ListSpider, settings, urls=[], crawl_timeout=20)
     assert second.finish_reason == "closespider_timeout"
     assert mock_site.recorder.count(HOST) == 0  # still inside the 30 s deadline
     # The held request came back from the job's queue, waited, and was saved again.
@@ -172,10 +176,10 @@ async def test_resume_during_retry_after_waits_for_the_deadline(
 async def test_a_pause_keeps_what_is_left_of_a_throttling_delay(
     mock_site: MockSite, tmp_path: Path, aware: bool
 ) -> None:
-    """Paused 1 s into a 30 s throttling_delay and resumed at once, the request
+    """Paused 3 s into a 30 s throttling_delay and resumed at once, the request
     still waits: the copy put back kept its deadline (it went out at once). With
     slotkit's scheduler it waits in the job's queue, on disk, with its deadline."""
-    settings = {**SLOTKIT, "JOBDIR": str(tmp_path / "job"), "CLOSESPIDER_TIMEOUT": 1}
+    settings = {**SLOTKIT, "JOBDIR": str(tmp_path / "job"), "CLOSESPIDER_TIMEOUT": PAUSE_AFTER}
     if aware:
         settings["ADDONS"] = {"slotkit.Addon": 0}
     urls = [{"url": mock_site.url(HOST, "/page/0"), "meta": {"throttling_delay": 30.0}}]
@@ -199,7 +203,7 @@ async def test_a_spent_quota_stays_spent_across_a_pause(
     settings = {
         **SLOTKIT,
         "JOBDIR": str(tmp_path / "job"),
-        "CLOSESPIDER_TIMEOUT": 1,
+        "CLOSESPIDER_TIMEOUT": PAUSE_AFTER,
         "THROTTLING_SCOPES": {HOST: {"quota": 3, "window": 30}},
     }
     urls = [mock_site.url(HOST, f"/page/{i}") for i in range(6)]
@@ -227,13 +231,13 @@ async def test_a_requeued_request_is_filtered_as_usual_once_back(
     settings = {
         **SLOTKIT,
         "JOBDIR": str(tmp_path / "job"),
-        "CLOSESPIDER_TIMEOUT": 1,
-        "THROTTLING_SCOPES": {OTHER: {"delay": 3.0}},
+        "CLOSESPIDER_TIMEOUT": PAUSE_AFTER,
+        "THROTTLING_SCOPES": {OTHER: {"delay": HELD}},
     }
     urls = [
         seen,
         mock_site.url(OTHER, "/page/1"),
-        mock_site.url(OTHER, "/redirect", to=seen),  # held by the 3 s delay at close
+        mock_site.url(OTHER, "/redirect", to=seen),  # held by the delay at close
     ]
     first = await run_crawl(ListSpider, settings, urls=urls, crawl_timeout=20, dont_filter=False)
     assert first.stats["throttling/requests_requeued"] == 1
@@ -283,8 +287,8 @@ async def test_a_pause_ends_an_engine_download_waiting_at_the_gate(
     settings = {
         **SLOTKIT,
         "JOBDIR": str(tmp_path / "job"),
-        "CLOSESPIDER_TIMEOUT": 1,
-        "THROTTLING_SCOPES": {HOST: {"delay": 5.0}},
+        "CLOSESPIDER_TIMEOUT": PAUSE_AFTER,
+        "THROTTLING_SCOPES": {HOST: {"delay": HELD}},
     }
     result = await run_crawl(
         DownloadFromCallbackSpider,

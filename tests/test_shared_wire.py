@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from slotkit.shared.twin import fmt
 from tests.test_shared_support import redis_server  # noqa: F401 - a fixture
 
 KEYS = ["{w}:w", "{w}:s:a", "{w}:l:a"]
+CALL_TIMEOUT = 2.0
+"""Where the timeout is not under test: long enough for a loaded machine's replies."""
 
 
 def acquire(lease: str) -> list[str]:
@@ -24,10 +27,10 @@ def acquire(lease: str) -> list[str]:
     return argv
 
 
-def backend(url: str) -> AsyncioRedisBackend:
+def backend(url: str, timeout: float = CALL_TIMEOUT) -> AsyncioRedisBackend:
     from twisted.internet import reactor
 
-    return AsyncioRedisBackend(url, 0.25, reactor)
+    return AsyncioRedisBackend(url, timeout, reactor)
 
 
 @pytest_twisted.ensureDeferred
@@ -58,7 +61,9 @@ async def test_a_flushed_script_is_loaded_again(redis_server):  # noqa: F811
 
 @pytest_twisted.ensureDeferred
 async def test_a_frozen_server_fails_calls_with_an_exception_then_recovers(redis_server):  # noqa: F811
-    store = backend(redis_server.url)
+    # Short, as the frozen call waits it out; not so short that the call after
+    # the thaw is cut by a loaded machine.
+    store = backend(redis_server.url, timeout=1.0)
     await store.prepare()
     redis_server.freeze()
     with pytest.raises(StoreDownError):  # an Exception, never a CancelledError
@@ -96,6 +101,19 @@ async def test_resp2_and_resp3_connections_answer_the_same(redis_server, protoco
 
 def aio(coro: Any) -> Deferred[Any]:
     return Deferred.fromFuture(asyncio.ensure_future(coro))
+
+
+async def eventually(condition: Callable[[], bool], what: str, tries: int = 500) -> None:
+    """Let the loop run (10 ms a turn) until *condition* holds: no deadline to miss
+    on a loaded machine, only a bound for a test that would otherwise hang."""
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    for _ in range(tries):
+        if condition():
+            return
+        await deferLater(reactor, 0.01, lambda: None)
+    raise AssertionError(f"{what}: not after {tries} turns of the loop")
 
 
 class FakeRedis:
@@ -286,9 +304,6 @@ async def test_a_push_from_the_server_is_no_reply_to_a_call() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_a_connection_closed_right_after_its_handshake_is_noticed() -> None:
-    from twisted.internet import reactor
-    from twisted.internet.task import deferLater
-
     fake = FakeRedis([b"*1\r\n+fine\r\n"], hang_up=2)
     store = backend(await aio(fake.start()))
     with pytest.raises(StoreDownError):
@@ -296,13 +311,12 @@ async def test_a_connection_closed_right_after_its_handshake_is_noticed() -> Non
     if not fake.hung_up:
         pytest.skip("this redis-py sends no CLIENT SETINFO LIB-VER to hang up after")
     store.subscribe("{w}:events", lambda _: None)  # the second connection: hung up too
-    for _ in range(100):
+
+    def ended() -> bool:
         listener = store._listener
-        if listener is not None and listener.done():
-            break
-        await deferLater(reactor, 0.01, lambda: None)
-    else:
-        raise AssertionError("the subscription still waits on a closed connection")
+        return listener is not None and listener.done()
+
+    await eventually(ended, "the subscription still waits on a closed connection")
     assert await store.run(KEYS, ["ping"]) == ["fine"]
     await store.close()
     fake.stop()
@@ -337,17 +351,29 @@ async def test_reconnections_give_their_connections_back_to_the_pool(redis_serve
 async def test_a_refused_subscription_is_tried_again_at_most_twice_a_second() -> None:
     """The throttle asks after every successful call; an ACL refusal must not cost one each."""
     from twisted.internet import reactor
-    from twisted.internet.task import deferLater
+    from twisted.internet.task import Clock, deferLater
 
+    # The backend's clock spaces the attempts: a fake one, so that a loaded
+    # machine cannot stretch the 0.3 s of calls past half a second. The
+    # connections are real, on the loop, and waited for as long as they take.
+    clock = Clock()
     fake = FakeRedis([], refuse=b"SUBSCRIBE")
-    store = backend(await aio(fake.start()))
+    store = AsyncioRedisBackend(await aio(fake.start()), CALL_TIMEOUT, clock)
+    store.subscribe("{w}:events", lambda _: None)
+
+    def first_refused() -> bool:
+        listener = store._listener
+        return fake.refused == 1 and listener is not None and listener.done()
+
+    await eventually(first_refused, "the first subscription refused and ended")
     for _ in range(30):  # 0.3 s of calls, each followed by subscribe()
+        clock.advance(0.01)
         store.subscribe("{w}:events", lambda _: None)
         await deferLater(reactor, 0.01, lambda: None)
+    assert store.stats.commands == 1  # no second attempt was even started
     assert fake.refused == 1
-    await deferLater(reactor, 0.5, lambda: None)
+    clock.advance(0.5)  # 0.8 s after the first attempt: tried again
     store.subscribe("{w}:events", lambda _: None)
-    await deferLater(reactor, 0.1, lambda: None)
-    assert fake.refused == 2
+    await eventually(lambda: fake.refused == 2, "the second attempt")
     await store.close()
     fake.stop()
