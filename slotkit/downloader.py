@@ -39,7 +39,8 @@ from slotkit.meta_keys import MetaKeyCheck
 from slotkit.migration import silence_autothrottle
 from slotkit.persistence import ScopeStateStore
 from slotkit.registry import Scope, ScopeRegistry
-from slotkit.request_path import ABSENT, RequestPath, request_delay_left
+from slotkit.request_delay import request_delay_left
+from slotkit.request_path import ABSENT, RequestPath
 from slotkit.resend import Resender
 from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue, uses_throttling_scheduler

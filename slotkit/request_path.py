@@ -33,8 +33,8 @@ from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
 from slotkit.meta_keys import MetaKeyCheck
 from slotkit.outcomes import as_backoff, cut_by_cancel
 from slotkit.redirect_wait import note_redirect_wait, redirect_wait
+from slotkit.request_delay import request_delay_left
 from slotkit.signaling import send_if_heard
-from slotkit.validation import finite_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -288,45 +288,3 @@ class RequestPath:
         if self.config.debug:
             logger.debug("slotkit: dispatch %s", waiter.request)
             self._log_recoveries(waiter.scopes)
-
-
-#: Request meta: when its ``throttling_delay`` ends, on the crawl's clock.
-DELAY_UNTIL = "_slotkit_delay_until"
-
-
-def request_delay_left(request: Request, now: float) -> float:
-    """What is left of the ``throttling_delay`` meta of *request*.
-
-    The delay starts the first time this is asked (at the gate, or as
-    slotkit's priority queue takes the request in), and its end is kept in
-    the meta: a redirect or retry copy finds it passed, and a
-    request handed back at a JOBDIR pause waits out the rest when the crawl
-    resumes (the crawl's clock reads epoch seconds).
-    """
-    meta = request.meta
-    value = meta.get("throttling_delay")
-    if not value or meta.get("_slotkit_delayed"):  # (a job saved by 0.1.0 before this key)
-        return 0.0
-    # An infinite delay would keep the crawl open forever. Text is refused
-    # even when it reads as a number, as delay_scope() refuses it: "1" in a
-    # meta dict is more likely a bug upstream than a choice.
-    text = isinstance(value, (str, bytes))
-    seconds = None if text else finite_seconds(value)
-    until = meta.get(DELAY_UNTIL)
-    if until is not None:
-        end = finite_seconds(until)
-        if end is None or seconds is None:
-            return 0.0
-        # Never more than the delay itself (a clock that is not the saving crawl's).
-        return max(0.0, min(end - now, seconds))
-    if seconds is None:
-        meta[DELAY_UNTIL] = now
-        logger.warning(
-            "Ignoring throttling_delay=%r of %s: expected a finite number of seconds >= 0%s",
-            value,
-            request,
-            ", not text" if text else "",
-        )
-        return 0.0
-    meta[DELAY_UNTIL] = now + seconds
-    return seconds

@@ -180,6 +180,35 @@ async def test_per_request_delay_holds_one_request(mock_site: MockSite) -> None:
     assert late - early >= 0.25
 
 
+class ChainSpider(ListSpider):
+    """Each response leads to the next page, a request made from ``response.meta``."""
+
+    def parse(self, response: Any, **kwargs: Any) -> Any:
+        yield from super().parse(response, **kwargs)
+        hop = int(response.url.rsplit("/", 1)[1])
+        if hop < 2:
+            url = response.url.rsplit("/", 1)[0] + f"/{hop + 1}"
+            yield Request(url, meta=response.meta, callback=self.parse, dont_filter=True)
+
+
+@pytest.mark.parametrize("aware", [False, True], ids=["downloader", "addon"])
+@pytest_twisted.ensureDeferred
+async def test_a_request_made_from_response_meta_waits_its_own_delay(
+    mock_site: MockSite, aware: bool
+) -> None:
+    """An acceptance probe: the delay's end, kept in the meta, came along with
+    ``response.meta``, and the next request (another one) went 5 ms after the
+    response instead of its 0.3 s later."""
+    settings = {**SLOTKIT, "ADDONS": {"slotkit.Addon": 0}} if aware else SLOTKIT
+    start = {"url": mock_site.url("127.0.0.1", "/page/0"), "meta": {"throttling_delay": 0.3}}
+    result = await run_crawl(ChainSpider, settings, urls=[start])
+    result.assert_no_unhandled_errors()
+    assert len(result.responses) == 3
+    answered = [r.received for r in result.responses]
+    sent = result.dispatch_times("127.0.0.1")
+    assert [b - a >= 0.3 - 1e-3 for a, b in zip(answered, sent[1:], strict=False)] == [True] * 2
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_bad_per_request_delay_is_ignored_with_a_warning(mock_site: MockSite) -> None:
     """Acceptance probes: ``inf`` was taken as a delay, and the crawl never ended by

@@ -33,7 +33,7 @@ from slotkit import pqueue_slot
 from slotkit.downloader import Downloader
 from slotkit.manager import normalize_scopes
 from slotkit.pqueue import DELAYED, ThrottlingAwarePriorityQueue
-from slotkit.request_path import request_delay_left
+from slotkit.request_delay import request_delay_left
 from slotkit.scheduler import ThrottlingAwareScheduler, check_priority_queue
 from slotkit.scope import OPENING_ALLOWANCE, ThrottlingScopeManager
 from slotkit.validation import SettingsError
