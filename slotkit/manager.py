@@ -260,11 +260,13 @@ class ThrottlingManager:
         """Hold every request of *scope* for at least *seconds* from now.
 
         Raises :class:`TypeError` for a scope that is not a ``str`` or seconds
-        given as text, and :class:`ValueError` for seconds that are not a
-        finite number >= 0.
+        given as text, and :class:`ValueError` for an empty scope id or seconds
+        that are not a finite number >= 0.
         """
         if not isinstance(scope, str):
             raise TypeError(f"delay_scope() needs a scope id (a str), got {scope!r}")
+        if not scope:
+            raise ValueError("delay_scope(''): a scope id cannot be empty")
         if isinstance(seconds, (str, bytes)):
             # A number, as the signature says: "3" is more likely a bug upstream.
             raise TypeError(f"delay_scope({scope!r}, {seconds!r}): seconds must be a number")

@@ -25,7 +25,7 @@ from slotkit.robots import apply_crawl_delay, overrides_robots
 from slotkit.scope_ids import (
     AUTO_SLOT,
     DOWNLOAD_SLOT,
-    host_of_netloc,
+    held_site_ids,
     normalize_scopes,
     scope_kind,
 )
@@ -264,17 +264,16 @@ class ScopeControl:
         """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped.
 
         A ``host:port`` id (a URL's ``netloc``, as in the spec's recipe) also
-        holds the host's scope: default scopes are host names, like Scrapy's
-        slots, so without this the recipe would hold a scope no request uses.
+        holds the host's scope, as a host name in capitals holds its
+        lower-case one: default scopes are lower-case host names, like
+        Scrapy's slots, so without this the recipe would hold a scope no
+        request uses (see :func:`~slotkit.scope_ids.held_site_ids`).
         For the same reason, with ``THROTTLING_DOMAIN_GROUPING =
         "registrable_domain"`` a host also holds the group its requests share.
         """
-        ids = [scope_id]
-        host = host_of_netloc(scope_id)
-        if host is not None:
-            ids.append(host)
+        ids = held_site_ids(scope_id)
         if self.config.domain_grouping == "registrable_domain":
-            group = registrable_domain(host or scope_id)
+            group = registrable_domain(ids[-1])
             if group not in ids:
                 ids.append(group)
         now = self._clock.seconds()

@@ -27,6 +27,7 @@ __all__ = [
     "DOWNLOAD_SLOT",
     "Scopes",
     "add_scope",
+    "held_site_ids",
     "host_of_netloc",
     "netloc_keys",
     "netloc_of",
@@ -96,6 +97,29 @@ def host_of_netloc(scope_id: str) -> str | None:
         if host != "localhost" and not ("." in host and _HOSTNAME.match(host)):
             return None
     return host
+
+
+def held_site_ids(scope_id: str) -> list[str]:
+    """The scope ids ``delay_scope(scope_id, ...)`` holds: the id itself and,
+    when it names a site, the host scope that site's requests go through.
+
+    A URL's ``netloc`` (the spec's recipe) keeps its port and case, while
+    default scopes are lower-case host names; a single-label host
+    (``svc:8080``, as service names go in a compose network) counts too,
+    which :func:`host_of_netloc` leaves alone for settings keys.
+    """
+    ids = [scope_id]
+    host, sep, port = scope_id.rpartition(":")
+    site = host_of_netloc(scope_id)
+    if site is None and sep and port.isdigit() and _HOSTNAME.match(host):
+        site = host
+    if site is None and scope_kind(scope_id) == DOMAIN:
+        site = scope_id  # a host name given in another case
+    if site is not None:
+        site = site.lower()
+        if site not in ids:
+            ids.append(site)
+    return ids
 
 
 def netloc_of(netloc: str) -> str:

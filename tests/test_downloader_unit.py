@@ -298,6 +298,35 @@ def test_hold_scope_holds_the_scope():
     assert clock.getDelayedCalls() == []
 
 
+@pytest.mark.parametrize(
+    ("named", "site"),
+    [
+        ("a.example:8080", "a.example"),
+        # An acceptance probe: these held a scope no request used, and the
+        # site went on at full speed.
+        ("svc:8080", "svc"),  # a single-label host, as in a compose network
+        ("Shop.Example.test", "shop.example.test"),  # hosts' scopes are lower-case
+        ("SHOP.EXAMPLE.TEST:8080", "shop.example.test"),
+    ],
+)
+def test_hold_scope_of_a_netloc_holds_its_hosts_scope(named, site):
+    downloader, clock = make_downloader()
+    clock.advance(10.0)
+    downloader.hold_scope(named, HOLD)
+    scope = downloader.registry.peek(site)
+    assert scope is not None
+    assert scope.manager.can_send(clock.seconds(), None) == HOLD
+    downloader.close()
+
+
+def test_hold_scope_of_a_custom_scope_holds_only_that_scope():
+    downloader, _clock = make_downloader()
+    for custom in ("API", "api:v2", "cost"):
+        downloader.hold_scope(custom, HOLD)
+    assert sorted(downloader.registry) == ["API", "api:v2", "cost"]
+    downloader.close()
+
+
 @pytest.mark.parametrize("named", ["books.example.co.uk", "books.example.co.uk:8080"])
 def test_hold_scope_of_a_host_holds_its_registrable_domain_group(named):
     """A probe: with registrable-domain grouping, delay_scope(response's hostname), as

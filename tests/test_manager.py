@@ -585,6 +585,7 @@ def test_delay_scope_forwards_to_the_controller(crawler):
         ("a.example", "abc", TypeError),
         ("a.example", "3", TypeError),  # a docs probe: text was taken as seconds
         ("a.example", True, ValueError),
+        ("", 1.0, ValueError),  # an acceptance probe: refused in throttling_scopes, not here
     ],
 )
 def test_delay_scope_refuses_bad_arguments_before_holding_anything(crawler, scope, seconds, error):
