@@ -230,7 +230,7 @@ class ScopeControl:
 
     def _new_scope(self, scope_id: str) -> Scope:
         kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
-        manager = create_scope_manager(self.crawler, self.scope_config(scope_id, kind))
+        manager = create_scope_manager(self.crawler, self.scope_config(scope_id, kind), scope_id)
         saved = self._saved.pop(scope_id, None)
         if saved is not None and callable(getattr(manager, "import_state", None)):
             manager.import_state(saved, self._clock.seconds())

@@ -33,6 +33,7 @@ __all__ = [
     "call_mismatch",
     "check_scope_manager_class",
     "check_scope_managers",
+    "ScopeManagerError",
     "create_scope_manager",
     "interface_calls",
     "mismatch_message",
@@ -203,8 +204,11 @@ def _instance_call(cls: type, name: str) -> tuple[Callable[..., Any], bool] | No
     return None
 
 
-def create_scope_manager(crawler: Crawler, config: ScopeConfig) -> Any:
-    """Instantiate the scope manager for one scope from its resolved *config*."""
+def create_scope_manager(crawler: Crawler, config: ScopeConfig, scope_id: str = "") -> Any:
+    """Instantiate the scope manager for the scope *scope_id* from its resolved *config*.
+
+    Raises :class:`ScopeManagerError` when a custom manager's constructor raises.
+    """
     cls = config.manager
     if cls is None or cls is ThrottlingScopeManager:
         # Positional: a broad crawl comes here once per request, and binding
@@ -220,7 +224,23 @@ def create_scope_manager(crawler: Crawler, config: ScopeConfig) -> Any:
             config.window,
             config.rampup,
         )
+    given = config.as_dict()
     factory = getattr(cls, "from_crawler", None)
-    if factory is not None:
-        return factory(crawler, config.as_dict())
-    return cls(crawler, config.as_dict())
+    try:
+        if factory is not None:
+            return factory(crawler, given)
+        return cls(crawler, given)
+    except SettingsError:
+        raise  # says already which setting is wrong
+    except Exception as exc:
+        # Each request of the scope fails with this: a bare KeyError named
+        # neither the manager, nor the scope, nor the setting to look at.
+        raise ScopeManagerError(
+            f"the scope manager {cls.__module__}.{cls.__qualname__} (THROTTLING_SCOPE_MANAGER, "
+            f"or the 'manager' of a THROTTLING_SCOPES entry) raised {type(exc).__name__}: {exc} "
+            f"building scope {scope_id!r} from {given!r}"
+        ) from exc
+
+
+class ScopeManagerError(RuntimeError):
+    """A custom scope manager could not be built for a scope; its requests fail with this."""

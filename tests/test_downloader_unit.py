@@ -34,6 +34,7 @@ from slotkit import (
     scope_cache,
 )
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
+from slotkit.scope_managers import ScopeManagerError
 from slotkit.settings import SettingsError
 from slotkit.slots import SlotView
 
@@ -672,6 +673,31 @@ async def test_a_request_without_amounts_spends_one_unit_in_every_manager():
         handler.finish(request.url)
         await settle()
     assert AmountRecorder.seen == [1.0, 3.0]
+    downloader.close()
+
+
+class QuotaOnlyManager(ThrottlingScopeManager):
+    """Built only for scopes with a quota, as the spec's fixed-window example is."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, config: dict[str, Any]) -> QuotaOnlyManager:
+        return cls(quota=config["quota"], window=config["window"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_scope_manager_that_cannot_be_built_fails_its_requests_saying_why():
+    """An acceptance probe: the spec's fixed-window manager set as the global
+    THROTTLING_SCOPE_MANAGER failed every request with a bare KeyError: 'quota'."""
+    downloader, _clock = make_downloader({"THROTTLING_SCOPE_MANAGER": QuotaOnlyManager})
+    box = outcome(downloader.fetch(Request("https://a.example/1")))
+    await settle()
+    (failure,) = box
+    assert failure.check(ScopeManagerError)
+    message = str(failure.value)
+    assert f"{QuotaOnlyManager.__module__}.QuotaOnlyManager" in message
+    assert "THROTTLING_SCOPE_MANAGER" in message
+    assert "KeyError: 'quota'" in message
+    assert "building scope 'a.example'" in message
     downloader.close()
 
 
