@@ -110,11 +110,13 @@ def req(host: str, n: int = 0, **kwargs: Any) -> Request:
 
 
 def make_queue(
-    clock: Clock | None = None, settings: dict[str, Any] | None = None
-) -> tuple[ThrottlingAwarePriorityQueue, FakeDownloader, Clock]:
+    clock: Clock | None = None,
+    settings: dict[str, Any] | None = None,
+    downloader_cls: type[FakeDownloader] | None = None,
+) -> tuple[ThrottlingAwarePriorityQueue, Any, Clock]:
     clock = clock or Clock()
     crawler = get_crawler(settings_dict=settings or {})
-    downloader = FakeDownloader(clock)
+    downloader = (downloader_cls or FakeDownloader)(clock)
     attach_engine(crawler, downloader)
     queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
     return queue, downloader, clock
@@ -1044,11 +1046,7 @@ class FlakyDownloader(FakeDownloader):
 
 def test_an_exception_while_choosing_keeps_the_slot() -> None:
     """A raise while a slot was off the heap left it neither ranked nor waiting."""
-    clock = Clock()
-    crawler = get_crawler(settings_dict={})
-    downloader = FlakyDownloader(clock)
-    attach_engine(crawler, downloader)
-    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue, downloader, _ = make_queue(downloader_cls=FlakyDownloader)
     queue.push(req("a", 1))
     downloader.fail_once.add("a")
     with pytest.raises(RuntimeError):
@@ -1098,11 +1096,7 @@ class RealTimeDownloader(FakeDownloader):
 
 def test_a_continuously_refilling_quota_does_not_spin_the_rank_check() -> None:
     """A rank that worsens with every look was filed again and again in one pop."""
-    clock = Clock()
-    crawler = get_crawler(settings_dict={})
-    downloader = RealTimeDownloader(clock)
-    attach_engine(crawler, downloader)
-    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue, downloader, _ = make_queue(downloader_cls=RealTimeDownloader)
     queue.push(req("a", 1, meta={"throttling_scopes": {"a": None, "budget": 1.0}}))
     downloader.calls = 0
     assert queue.pop_ready() is not None
@@ -1220,11 +1214,7 @@ def test_a_slot_whose_rank_raises_is_kept_and_asked_again(
     """Ranking a slot raised after its request was pushed (or the one before it
     popped): the error is logged once, the request is neither lost nor pushed
     twice, and the slot is ranked again a second later."""
-    clock = Clock()
-    crawler = get_crawler(settings_dict={})
-    downloader = QuotaRegistryDownloader(clock)
-    attach_engine(crawler, downloader)
-    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue, downloader, clock = make_queue(downloader_cls=QuotaRegistryDownloader)
     meta = {"throttling_scopes": {"a": None, "budget": 1.0}}
     downloader.quota.failing = 2
     queue.push(req("a", 0, meta=meta))  # ranking the new head raises
@@ -1401,11 +1391,7 @@ def test_a_refused_push_leaves_no_empty_priority_queue(tmp_path: Path) -> None:
 
 def test_a_slot_whose_rank_raises_while_choosing_does_not_starve_the_others() -> None:
     """Filed back under its old rank, it came out first and raised at every pop."""
-    clock = Clock()
-    crawler = get_crawler(settings_dict={})
-    downloader = QuotaRegistryDownloader(clock)
-    attach_engine(crawler, downloader)
-    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue, downloader, _ = make_queue(downloader_cls=QuotaRegistryDownloader)
     queue.push(req("a", 0, meta={"throttling_scopes": {"a": None, "budget": 1.0}}))
     queue.push(req("z", 0))  # ranks after a (no quota share)
     downloader.quota.failing = 10**6
