@@ -75,10 +75,15 @@ def apply_crawl_delay(config: ScopeConfig, crawl_delay: float) -> tuple[ScopeCon
     else:
         concurrency = 1
         sources["concurrency"] = ROBOTS
+    rampup = config.rampup
+    if rampup is not None and sources["delay"] == ROBOTS and rampup.min_delay < delay:
+        # Rampup lowers the delay step by step: the site's Crawl-delay is where it stops.
+        rampup = replace(rampup, min_delay=delay)
     updated = replace(
         config,
         delay=delay,
         jitter=jitter,
+        rampup=rampup,
         concurrency=concurrency,
         min_concurrency=min(config.min_concurrency, concurrency),
         sources=sources,
@@ -258,6 +263,11 @@ class CrawlDelays:
         """Bring a scope that already exists to the robots-adjusted *config*."""
         scope.manager.set_base_delay(config.delay)
         scope.manager.set_concurrency(config.concurrency)
+        if config.rampup is not None:
+            # Not part of the interface either: a rampup floor only slotkit's managers know.
+            set_rampup_min_delay = getattr(scope.manager, "set_rampup_min_delay", None)
+            if callable(set_rampup_min_delay):
+                set_rampup_min_delay(config.rampup.min_delay)
         # Not part of the scope-manager interface: managers without jitter skip it.
         set_jitter = getattr(scope.manager, "set_jitter", None)
         if callable(set_jitter):

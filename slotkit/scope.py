@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from zope.interface import implementer
@@ -123,10 +124,16 @@ class ThrottlingScopeManager(ScopeFeedback, SavedScopeState):
         self.quota = None if quota is None else Quota(quota, window)
         #: What the server said is left until its reset (see record_server_budget).
         self.server_budget: ServerBudget | None = None
+        if rampup is not None and rampup.window <= 0:
+            rampup = None  # BACKOFF_WINDOW = 0: no windows, so no rampup (the configured rate)
         self.rampup = None if rampup is None else Rampup(rampup)
         if rampup is not None:
             # Rampup probes upwards: start at the floor, climb while the site allows.
             self.concurrency = floor
+            # ... never faster than its min_delay: a delay below it (DOWNLOAD_DELAY's
+            # 0) would leave the rate unbounded however high the concurrency climbs.
+            if delay < rampup.min_delay:
+                delay = rampup.min_delay
         self.delay = delay
         self.jitter = jitter
         self.active = 0
@@ -285,8 +292,29 @@ class ThrottlingScopeManager(ScopeFeedback, SavedScopeState):
         self._factor = min(max(self._factor, 1.0 + low), max(0.0, 1.0 + high))
 
     def set_concurrency(self, concurrency: int) -> None:
-        self.concurrency = max(self.min_concurrency, int(concurrency))
-        self.max_concurrency = max(self.max_concurrency, self.concurrency)
+        limit = max(self.min_concurrency, int(concurrency))
+        if self.rampup is not None:
+            # The new limit is the ceiling rampup climbs to, not where it is
+            # now: jumping there would skip the probing (robots.txt's 1 too).
+            self.max_concurrency = limit
+            self.concurrency = min(self.concurrency, limit)
+            return
+        self.concurrency = limit
+        self.max_concurrency = max(self.max_concurrency, limit)
+
+    def set_rampup_min_delay(self, min_delay: float) -> None:
+        """Let rampup go no faster than one request per *min_delay* seconds from now.
+
+        For a robots.txt ``Crawl-delay`` learnt while the scope runs (an
+        optional hook, not in the interface): the site's floor joins the
+        user's own. A scope without rampup has nothing to change.
+        """
+        rampup = self.rampup
+        if rampup is None or min_delay <= rampup.config.min_delay:
+            return
+        rampup.config = replace(rampup.config, min_delay=min_delay)
+        if self.delay < min_delay:
+            self.delay = min_delay
 
     def is_idle(self, now: float, max_idle: float) -> bool:
         # Asked of the oldest scope at every scope creation: the common answer

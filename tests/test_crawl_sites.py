@@ -87,6 +87,26 @@ async def test_crawl_delay_is_a_floor_under_default_jitter(mock_site: MockSite) 
 
 
 @pytest_twisted.ensureDeferred
+async def test_rampup_never_goes_faster_than_the_crawl_delay(mock_site: MockSite) -> None:
+    """An acceptance probe: a ``"rampup": True`` scope took a 0.5 s Crawl-delay down
+    to 0 a step per window (shortest gap 4 ms) and, given a concurrency, started
+    there. The Crawl-delay is rampup's floor, and robots.txt's concurrency of 1 its
+    ceiling."""
+    mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 0.2\n")
+    settings = {
+        **SLOTKIT,
+        "ROBOTSTXT_OBEY": True,
+        "BACKOFF_WINDOW": 0.3,  # a rampup step every 0.3 s if nothing stopped it
+        "THROTTLING_SCOPES": {HOST: {"rampup": True}},
+    }
+    urls = pages(mock_site, HOST, 10, delay=0.05)
+    result = await run_crawl(ListSpider, settings, urls=urls)
+    assert len(result.responses) == 10
+    assert min(result.dispatch_gaps(HOST)) >= 0.2 - 0.001
+    assert mock_site.recorder.max_in_flight[HOST] == 1
+
+
+@pytest_twisted.ensureDeferred
 async def test_crawl_delay_is_capped(mock_site: MockSite) -> None:
     """A Crawl-delay above THROTTLING_ROBOTSTXT_MAX_DELAY is cut to the cap."""
     mock_site.set_robots(HOST, "User-agent: *\nCrawl-delay: 3600\n")

@@ -166,11 +166,68 @@ def test_idle_window_teaches_nothing() -> None:
 
 
 def test_window_zero_disables_rampup() -> None:
-    """BACKOFF_WINDOW = 0 disables rampup steps."""
+    """BACKOFF_WINDOW = 0 disables rampup: the scope runs at its configured rate.
+
+    An acceptance probe: it stayed at rampup's starting floor of 1 for good
+    (1 in flight of 8 configured, 16 requests in 4.9 s instead of 0.6 s)."""
     scope = rampup_scope(window=0.0)
+    assert scope.rampup is None
     send(scope, 0.0)
     scope.can_send(1000.0)
-    assert (scope.delay, scope.concurrency) == (1.0, 1)
+    assert (scope.delay, scope.concurrency) == (1.0, 4)
+
+
+def test_backoff_window_zero_builds_a_scope_without_rampup() -> None:
+    """Through the settings, as a crawl builds it: BACKOFF_WINDOW = 0 means no rampup."""
+    from slotkit.settings import DOMAIN
+
+    settings = ThrottlingSettings.from_settings(
+        Settings({"BACKOFF_WINDOW": 0, "THROTTLING_SCOPES": {"a.test": {"rampup": True}}})
+    )
+    config = settings.scope_config("a.test", DOMAIN).as_dict()
+    scope = ThrottlingScopeManager.from_crawler(None, config)  # type: ignore[arg-type]
+    assert scope.rampup is None
+    assert scope.concurrency == 8
+
+
+def test_rampup_never_goes_faster_than_its_min_delay() -> None:
+    """An acceptance probe: "min_delay": 0.1 with DOWNLOAD_DELAY's 0 ran at up to
+    185 requests a second; the delay stayed 0 while the concurrency climbed."""
+    scope = rampup_scope(delay=0.0, min_delay=0.1)
+    assert scope.delay == 0.1
+    for window in range(5):
+        send(scope, window * WINDOW)
+        scope.can_send((window + 1) * WINDOW)
+    assert (scope.delay, scope.concurrency) == (0.1, 4)
+
+
+def test_set_concurrency_of_a_rampup_scope_sets_its_ceiling() -> None:
+    """robots.txt's concurrency of 1 (or a slot's concurrency written by an
+    extension) is where rampup may climb to, not where it jumps."""
+    scope = rampup_scope(delay=0.25, concurrency=8)
+    scope.set_concurrency(4)
+    assert (scope.concurrency, scope.max_concurrency) == (1, 4)
+    for window in range(6):
+        send(scope, window * WINDOW)
+        scope.can_send((window + 1) * WINDOW)
+    assert scope.concurrency == 4
+    scope.set_concurrency(1)
+    assert (scope.concurrency, scope.max_concurrency) == (1, 1)
+
+
+def test_a_learnt_crawl_delay_is_a_floor_for_rampup() -> None:
+    """An acceptance probe: rampup took a robots.txt Crawl-delay of 0.5 s down to 0 in
+    six windows (shortest gap 4 ms), without a word."""
+    scope = rampup_scope(delay=0.0, min_delay=0.0)
+    scope.set_base_delay(0.5)
+    scope.set_rampup_min_delay(0.5)
+    for window in range(5):
+        send(scope, window * WINDOW)
+        scope.can_send((window + 1) * WINDOW)
+    assert scope.delay == 0.5
+    scope.set_rampup_min_delay(0.2)  # a smaller floor never lowers a larger one
+    assert scope.rampup is not None
+    assert scope.rampup.config.min_delay == 0.5
 
 
 def test_min_concurrency_floors_set_concurrency() -> None:
@@ -365,11 +422,14 @@ def test_quota_available_is_what_is_left_of_the_quota() -> None:
     assert ThrottlingScopeManager(concurrency=10).quota_available(0.0) is None
 
 
-def _simulate_rampup(settings: dict[str, object], seconds: float = 80.0) -> tuple[float, float]:
+def _simulate_rampup(
+    settings: dict[str, object], seconds: float = 80.0, hint: float | None = None
+) -> tuple[float, float]:
     """A rampup scope against a server allowing 10 requests a second (token bucket,
     burst 2, 50 ms answers), on virtual time, with the gate's burst rule (a response
     to a request sent before the last step is not a new trigger). Returns the 200s
-    per second and the 429s per window over the second half."""
+    per second and the 429s per window over the second half. With *hint*, each 429
+    says ``Retry-After: hint``."""
     import heapq
     import random
     from unittest import mock
@@ -388,7 +448,7 @@ def _simulate_rampup(settings: dict[str, object], seconds: float = 80.0) -> tupl
         while pending and pending[0][0] <= now:
             at, sent, status = heapq.heappop(pending)
             if status == 429 and sent >= step_started:
-                scope.record_backoff(None, at)
+                scope.record_backoff(hint, at)
                 step_started = at
             scope.record_done(at)
             answered.append((at, status))
@@ -421,6 +481,35 @@ def test_rampup_alone_finds_the_rate_a_server_allows() -> None:
     # BACKOFF_MIN_DELAY set by the user is kept, and so is its swing.
     chosen, _ = _simulate_rampup({**ramp, "BACKOFF_MIN_DELAY": 1.0, "BACKOFF_DELAY_FACTOR": 2})
     assert chosen < 6.0
+
+
+def test_rampup_settles_at_its_target_when_429s_carry_retry_after() -> None:
+    """An acceptance probe: a token bucket answering 429 with ``Retry-After: 1`` got
+    3.5 of them per 4 s window (target 1) and 18% of its rate: hints only held the
+    scope, and after each hold the same rate ran into the limit again. Beyond the
+    target a hint now also takes a step (simulated: 2.0 -> 6.8 a second of 10)."""
+    ramp = {"BACKOFF_WINDOW": 4.0, "THROTTLING_SCOPES": {"api.test": {"rampup": True}}}
+    ok, limited = _simulate_rampup(ramp, seconds=160.0, hint=1.0)
+    assert ok >= 6.0
+    assert limited <= 2.0
+
+
+def test_hinted_triggers_beyond_the_target_take_one_step_per_hold() -> None:
+    """Beyond the target a hint steps the rate back once; the rest of its burst
+    (answered while the scope is held) only holds, and within the target a hint
+    never steps (the specification's rule for hints)."""
+    scope = rampup_scope(delay=0.25, concurrency=4, target=(1, 1))
+    scope.concurrency = 3
+    scope.record_backoff(1.0, 0.0)  # within the target: held, no step
+    assert (scope.concurrency, scope.steps, scope.hold_until) == (3, 0, 1.0)
+    scope.record_backoff(1.0, 2.0)  # beyond it, and the hold had ended: one step
+    scope.record_backoff(1.0, 2.01)  # the same burst
+    scope.record_backoff(1.0, 2.02)
+    assert (scope.concurrency, scope.steps, scope.hold_until) == (2, 1, 3.02)
+    plain = ThrottlingScopeManager(concurrency=4, backoff=QUIET)
+    for now in (0.0, 2.0, 4.0):
+        plain.record_backoff(1.0, now)
+    assert (plain.steps, plain.backoff_delay) == (0, None)
 
 
 def test_smaller_rampup_steps_only_where_the_user_asked_for_rampup() -> None:

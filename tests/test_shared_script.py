@@ -304,6 +304,35 @@ def test_rampup_triggers_within_target_hold_the_rate(client, store):
 
 
 @pytest.mark.parametrize("store", ["script", "twin"])
+def test_shared_rampup_starts_no_faster_than_its_min_delay(client, store):
+    """As in one process: a delay below rampup's min_delay starts at the min_delay."""
+    run = store_runner(client, store)
+    r = {"delay": 0.0, "rmin": 0.5, "concurrency": 3, "minc": 3, "rampup": True, "rwin": 6.0}
+    now = 1_700_000_000.0
+    assert run(keys("r"), acquire_argv(now, "w", "l1", [r]))[2] == fmt(0.0)
+    reply = run(keys("r"), acquire_argv(now + 0.1, "w", "l2", [r]))
+    assert reply[2] == fmt(0.4)  # the slot 0.5 s after the first (it was 0)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_hints_beyond_the_rampup_target_step_once_per_hold(client, store):
+    """As in one process: a hinted trigger beyond the target holds and steps the rate
+    back once; the rest of its burst, answered while the scope is held, only holds."""
+    run = store_runner(client, store)
+    r = {"delay": 0.8, "concurrency": 3, "rampup": True, "minc": 1, "rhigh": 1, "rwin": 6.0}
+    now = 1_700_000_000.0
+    assert run(keys("r"), acquire_argv(now, "w", "l1", [r]))[0] == "ok"
+    first = run(keys("r"), backoff_argv(now + 0.1, "w", 1.0, 0.0, scope=r))
+    assert (first[2], float(first[3])) == ("held", 0.0)  # within the target: no step
+    beyond = run(keys("r"), backoff_argv(now + 1.2, "w", 1.0, 0.0, scope=r))
+    assert beyond[2] == "held"
+    stepped = float(beyond[3])
+    assert stepped > 0
+    burst = run(keys("r"), backoff_argv(now + 1.3, "w", 1.0, 0.0, scope=r))
+    assert (burst[2], float(burst[3])) == ("held", stepped)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
 def test_a_step_beyond_the_target_first_takes_back_raised_concurrency(client, store):
     """As in one process: a step lowers rampup's shared concurrency before the delay grows."""
     run = store_runner(client, store)

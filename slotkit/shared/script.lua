@@ -397,7 +397,8 @@ end
 -- the delay by its factor down to its minimum, then the concurrency by one.
 local function ramp(st, a)
   if st.rc < 1 then
-    st.rd = a.delay
+    -- Never faster than its min_delay, as in one process.
+    st.rd = max(a.delay, a.rmin)
     st.rc = a.minc
   end
   while st.rwe > 0 and now >= st.rwe do
@@ -420,6 +421,26 @@ local function ramp(st, a)
   end
   a.delay = st.rd
   a.conc = st.rc
+end
+
+-- One backoff step for a trigger beyond what rampup pays for: rampup's
+-- concurrency goes back first, then the backoff delay grows.
+local function step(st, a, base, factor, bmin, bmax, skey)
+  if a.ron > 0 and st.rc > a.minc then
+    st.rc = st.rc - 1
+    return
+  end
+  local before = max(base, st.bo)
+  st.bo = min(bmax, max(bmin, before * factor))
+  local after = max(base, st.bo)
+  if after > before then
+    -- The workers give back the reservations they wait on (the "step"
+    -- message) and ask again: the next slot is the new interval after
+    -- the trigger, as in one process (after a timeout longer than the
+    -- interval, counted from the last reservation it left no rest).
+    st.tat = now + after
+    call('PUBLISH', channel, 'step\t' .. scope_of(skey))
+  end
 end
 
 -- What one worker's fallback did while the store was down, told after it
@@ -632,6 +653,7 @@ if op == 'backoff' then
     settle(st, base, factor, bmin, bwin)
     local outcome = 'held'
     if hold >= 0 then
+      local held = st.hold > now  -- by an earlier hint: the same burst
       if now + hold > st.hold then st.hold = now + hold end
       -- The workers give back the reservations they wait on (the "hold"
       -- message): the next slot is the hold's end, not after theirs.
@@ -644,6 +666,12 @@ if op == 'backoff' then
       st.ss = now
       -- With the seconds it has left, so workers that fall back keep it.
       call('PUBLISH', channel, 'hold\t' .. scope_of(skey) .. '\t' .. fmt(st.hold - now))
+      -- Beyond rampup's target a hint steps the rate back too, once per hold,
+      -- as in one process: a hold alone lets the same rate run into the limit
+      -- again right after it.
+      if not held and a.ron > 0 and st.rt + 1 > a.rhigh then
+        step(st, a, base, factor, bmin, bmax, skey)
+      end
     elseif now - age < st.ss then
       -- Sent before the current step began: the same episode, not a new signal.
       outcome = 'dup'
@@ -653,22 +681,7 @@ if op == 'backoff' then
       -- and every trigger once the gap is too long for a window to hold more.
       outcome = 'ramp'
     else
-      if a.ron > 0 and st.rc > a.minc then
-        -- Rampup raised the concurrency: a step takes that back first.
-        st.rc = st.rc - 1
-      else
-        local before = max(base, st.bo)
-        st.bo = min(bmax, max(bmin, before * factor))
-        local after = max(base, st.bo)
-        if after > before then
-          -- The workers give back the reservations they wait on (the "step"
-          -- message) and ask again: the next slot is the new interval after
-          -- the trigger, as in one process (after a timeout longer than the
-          -- interval, counted from the last reservation it left no rest).
-          st.tat = now + after
-          call('PUBLISH', channel, 'step\t' .. scope_of(skey))
-        end
-      end
+      step(st, a, base, factor, bmin, bmax, skey)
       st.ss = now
       outcome = 'step'
     end

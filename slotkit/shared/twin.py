@@ -178,9 +178,10 @@ class TwinStore(TwinKeys):
                 b = o + 2 + i * len(BACKOFF_ARGS)
                 a = {name: float(argv[b + 1 + k]) for k, name in enumerate(BACKOFF_ARGS)}
                 hold, age, delay, cd = a["hold"], a["age"], a["delay"], a["cd"]
-                factor, bmin, bmax, bwin = a["factor"], a["bmin"], a["bmax"], a["bwin"]
+                factor, bmin, bwin = a["factor"], a["bmin"], a["bwin"]
                 skey = keys[1 + 2 * i]
                 st = load(skey)
+
                 if a["ron"] > 0:
                     ramp(st, a, now)  # the trigger counts in its own window
                     delay = a["delay"]
@@ -190,6 +191,7 @@ class TwinStore(TwinKeys):
                 settle(st, base, factor, bmin, bwin, now)
                 outcome = "held"
                 if hold >= 0:
+                    held = st.hold > now  # by an earlier hint: the same burst
                     if now + hold > st.hold:
                         st.hold = now + hold
                     # Reservations given back, not the running backoff gap (see the script).
@@ -199,6 +201,9 @@ class TwinStore(TwinKeys):
                     st.tat = min(st.tat, cap)
                     st.ss = now
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
+                    if not held and a["ron"] > 0 and st.rt + 1 > a["rhigh"]:
+                        # Beyond rampup's target, once per hold (see the script).
+                        self._step(st, a, base, now, channel, scope_of(skey))
                 elif now - age < st.ss:
                     outcome = "dup"
                 elif (
@@ -208,16 +213,7 @@ class TwinStore(TwinKeys):
                 ):
                     outcome = "ramp"  # within the rampup target: the rate holds
                 else:
-                    if a["ron"] > 0 and st.rc > a["minc"]:
-                        st.rc = st.rc - 1  # rampup's concurrency goes back first
-                    else:
-                        before = max(base, st.bo)
-                        st.bo = min(bmax, max(bmin, before * factor))
-                        after = max(base, st.bo)
-                        if after > before:
-                            # Reservations given back on "step" (see the script).
-                            st.tat = now + after  # from the trigger (see the script)
-                            self.publish(channel, "step\t" + scope_of(skey))
+                    self._step(st, a, base, now, channel, scope_of(skey))
                     st.ss = now
                     outcome = "step"
                 if outcome != "dup":
@@ -279,6 +275,21 @@ class TwinStore(TwinKeys):
             return ["ok", count]
 
         raise ValueError(f"slotkit: unknown operation {op!r}")
+
+    def _step(
+        self, st: ScopeState, a: dict[str, float], base: float, now: float, channel: str, scope: str
+    ) -> None:
+        """One backoff step, as the script's ``step``."""
+        if a["ron"] > 0 and st.rc > a["minc"]:
+            st.rc = st.rc - 1  # rampup's concurrency goes back first
+            return
+        before = max(base, st.bo)
+        st.bo = min(a["bmax"], max(a["bmin"], before * a["factor"]))
+        after = max(base, st.bo)
+        if after > before:
+            # Reservations given back on "step" (see the script).
+            st.tat = now + after  # from the trigger (see the script)
+            self.publish(channel, "step\t" + scope)
 
     def _acquire(
         self,

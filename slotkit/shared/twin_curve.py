@@ -44,7 +44,7 @@ def settle(
 def ramp(st: ScopeState, a: dict[str, float], now: float) -> None:
     """Shared rampup, as the script's ``ramp``: close every ended window, step up if quiet."""
     if st.rc < 1:
-        st.rd = a["delay"]
+        st.rd = max(a["delay"], a["rmin"])  # never faster than its min_delay
         st.rc = a["minc"]
     while st.rwe > 0 and now >= st.rwe:
         if st.rt < a["rlow"] and st.rs > 0 and st.bo == 0:
