@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from slotkit.pqueue_order import Rank, SlotOrder
 from slotkit.pqueue_quota import Terms
-from slotkit.pqueue_slot import CannotPeek, sub_queue_key
+from slotkit.pqueue_slot import CACHED, CannotPeek, sub_queue_key
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -195,6 +195,8 @@ class SlotChoice:
 
     def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
         """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
+        if slot.endswith(CACHED):
+            return 0.0  # the HTTP cache answers these: no scope holds them
         readiness = self.readiness
         head = self._head(slot)
         wait = readiness.wait(head)

@@ -26,6 +26,7 @@ from weakref import WeakKeyDictionary
 
 from scrapy import signals
 
+from slotkit.cache_hits import CacheHits
 from slotkit.manager import normalize_scopes
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class Readiness:
         self._waker: weakref.WeakMethod[Callable[[], None]] | None = None
         #: Queues told which slot a departing request belonged to (see on_departure).
         self._queues: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._cache_hits = CacheHits(crawler, downloader)
         crawler.signals.connect(self._arrived, signal=signals.request_reached_downloader)
         crawler.signals.connect(self._left, signal=signals.request_left_downloader)
 
@@ -118,6 +120,10 @@ class Readiness:
         if not self.knows_readiness:
             return 0.0
         return max(0.0, float(self.downloader.time_until_ready(request)), self.delay_left(request))
+
+    def cache_answers(self, request: Request) -> bool:
+        """Whether the crawl's HTTP cache will answer *request* before the downloader."""
+        return self._cache_hits.enabled and self._cache_hits.answers(request)
 
     def delay_left(self, request: Request) -> float:
         """Seconds left of *request*'s ``throttling_delay``; asking starts it."""

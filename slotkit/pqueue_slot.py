@@ -33,6 +33,8 @@ logger = logging.getLogger("slotkit")
 #: What the key of a slot's delayed sub-queue adds to the slot's (see
 #: sub_queue_key).
 DELAYED = " (throttling_delay)"
+#: What the key of a slot's sub-queue of HTTP cache hits adds to the slot's.
+CACHED = " (http cache)"
 
 
 class CannotPeek(TypeError):
@@ -223,7 +225,8 @@ class _SlotQueue(ScrapyPriorityQueue):
 
 def sub_queue_key(readiness: Readiness, request: Request) -> str:
     """The sub-queue of *request*: its slot's, or while its ``throttling_delay``
-    runs, its slot's delayed sub-queue.
+    runs, its slot's delayed sub-queue, or if the HTTP cache will answer it, its
+    slot's cached sub-queue, which is always ready (see :mod:`slotkit.cache_hits`).
 
     The delayed request waits in the scheduler rather than in the downloader,
     where it would hold a ``CONCURRENT_REQUESTS`` place, and its slot's other
@@ -233,6 +236,9 @@ def sub_queue_key(readiness: Readiness, request: Request) -> str:
     can hold back one due sooner behind it, never the reverse).
     """
     slot = readiness.slot_of(request)
+    if readiness.cache_answers(request):
+        # First: the cache answers before the downloader would start the delay.
+        return f"{slot}{CACHED}"
     return f"{slot}{DELAYED}" if readiness.delay_left(request) > 0 else slot
 
 

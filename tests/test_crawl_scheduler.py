@@ -210,6 +210,27 @@ async def test_a_throttling_delay_counts_from_when_the_request_was_queued(
 
 
 @pytest_twisted.ensureDeferred
+async def test_http_cache_hits_are_not_held_behind_their_sites_pace(
+    mock_site: MockSite, tmp_path: Path
+) -> None:
+    """An acceptance probe: cached pages queued behind their site's uncached ones
+    waited out its 1 s delay (answered at 3 s) in the scheduler, though the cache
+    answers them without the downloader (at once with Scrapy's scheduler)."""
+    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "cache")}
+    cached = pages(mock_site, FAST_HOST, 4)
+    await run_crawl(ListSpider, {**AWARE, **cache}, urls=cached)
+    assert mock_site.recorder.count(FAST_HOST) == 4
+    fresh = pages(mock_site, FAST_HOST, 3, start=100)
+    settings = {**AWARE, **cache, "DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    result = await run_crawl(ListSpider, settings, urls=fresh + cached)
+    result.assert_no_unhandled_errors()
+    assert mock_site.recorder.count(FAST_HOST) == 4 + 3  # the cache answered the four
+    order = [r.url for r in sorted(result.responses, key=lambda r: r.received)]
+    assert set(order[:5]) == {fresh[0], *cached}  # before the delay let the second go
+    assert result.stats["httpcache/hit"] == 4
+
+
+@pytest_twisted.ensureDeferred
 async def test_for_comparison_scrapys_scheduler_is_blocked(mock_site: MockSite) -> None:
     """Same crawl, Scrapy's scheduler in request order: the free host waits behind the slow one."""
     urls = pages(mock_site, SLOW_HOST, PAGES) + pages(mock_site, FAST_HOST, PAGES)
