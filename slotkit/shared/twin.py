@@ -181,7 +181,6 @@ class TwinStore(TwinKeys):
                 factor, bmin, bwin = a["factor"], a["bmin"], a["bwin"]
                 skey = keys[1 + 2 * i]
                 st = load(skey)
-
                 if a["ron"] > 0:
                     ramp(st, a, now)  # the trigger counts in its own window
                     delay = a["delay"]
