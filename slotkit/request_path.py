@@ -176,6 +176,9 @@ class RequestPath:
                         self.stats.inc("requests_unsent_at_close")
                     if not requeue:
                         raise
+                    if answered is None:
+                        # Counted by Scrapy's stats on its way in; the resumed crawl counts it.
+                        self.resender.uncount_unsent(request)
                     # A paused JOBDIR crawl: the engine schedules a Request
                     # result again (as it does a redirect), so the resumed
                     # crawl sends it and no errback hears of a failure.

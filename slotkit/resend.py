@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.downloadermiddlewares.stats import DownloaderStats
+from scrapy.utils.request import request_httprepr
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -199,6 +200,21 @@ class Resender:
         counter.process_response(request, response)
         if resent:
             counter.process_request(request)
+
+    def uncount_unsent(self, request: Request) -> None:
+        """Take back what Scrapy's downloader stats counted of a request that never went.
+
+        Put back in the scheduler at a pause, it is counted when the resumed
+        crawl sends it; counted now too, ``downloader/request_count`` would
+        exceed the responses and exceptions by every request put back.
+        """
+        counter = self._downloader_stats
+        if counter is None:
+            return
+        stats = counter.stats
+        stats.inc_value("downloader/request_count", -1)
+        stats.inc_value(f"downloader/request_method_count/{request.method}", -1)
+        stats.inc_value("downloader/request_bytes", -len(request_httprepr(request)))
 
     @staticmethod
     def recovered(scopes: list[Scope]) -> None:

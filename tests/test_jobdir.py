@@ -186,6 +186,10 @@ async def test_a_pause_keeps_what_is_left_of_a_throttling_delay(
     first = await run_crawl(ListSpider, settings, urls=urls, crawl_timeout=20)
     assert first.finish_reason == "closespider_timeout"
     assert first.stats.get("throttling/requests_requeued", 0) == (0 if aware else 1)
+    # It never went: the downloader stats count it when the resumed crawl sends it
+    # (a chaos probe: put-back requests counted, request_count above responses).
+    assert first.stats.get("downloader/request_count", 0) == 0
+    assert first.stats.get("downloader/request_bytes", 0) == 0
     second = await run_crawl(
         ListSpider, {**settings, "CLOSESPIDER_TIMEOUT": 2}, urls=[], crawl_timeout=20
     )
