@@ -56,7 +56,9 @@ class CacheHits:
             cached = middleware.storage.retrieve_response(self._crawler.spider, request)
             if cached is None:
                 return bool(middleware.ignore_missing)
-            return bool(middleware.policy.is_cached_response_fresh(cached, request))
+            # On a copy: RFC2616Policy adds If-None-Match / If-Modified-Since to
+            # a request whose entry is stale, for the download it expects next.
+            return bool(middleware.policy.is_cached_response_fresh(cached, request.copy()))
         except Exception:
             # The storage not open yet (a job resumed before spider_opened), a
             # broken entry: the middleware decides later, the scopes meanwhile.

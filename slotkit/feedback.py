@@ -87,7 +87,7 @@ class Feedback:
                     self._stats.inc("backoff/header_hints")
                     scope.step_started_at = now
                 else:
-                    self._hold(scope, record.delay, now)
+                    self._hold(scope, ticket, record.delay, now)
                 changed = True
             if record.trigger:
                 changed |= self._trigger(
@@ -128,7 +128,7 @@ class Feedback:
         # shared downloader's later left_at is not: a probe is told by it.
         return learns(remaining, reset, ticket.sent_at, now, limit) is True
 
-    def _hold(self, scope: Scope, delay: float, now: float) -> None:
+    def _hold(self, scope: Scope, ticket: Waiter, delay: float, now: float) -> None:
         config = self._config.backoff_config(scope.id)
         delay, was_capped = capped(delay, config)
         self._stats.inc("backoff/header_hints")
@@ -142,7 +142,17 @@ class Feedback:
                     scope.id,
                     delay,
                 )
-        scope.manager.record_backoff(delay, now)
+        # An answer to a request that left before the current step or hold
+        # began is part of the burst that caused it: it holds, never steps.
+        stale_hint = (
+            getattr(scope.manager, "record_stale_hint", None)
+            if ticket.left_at < scope.step_started_at
+            else None
+        )
+        if stale_hint is not None:
+            stale_hint(delay, now)
+        else:
+            scope.manager.record_backoff(delay, now)
         scope.step_started_at = now
 
     def _trigger(

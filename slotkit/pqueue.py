@@ -56,6 +56,7 @@ from slotkit.pqueue_quota import Terms
 from slotkit.pqueue_rank import SlotRanks
 from slotkit.pqueue_readiness import Readiness, readiness_of
 from slotkit.pqueue_slot import (
+    CACHED,
     DELAYED,
     _SlotQueue,
     resume_legacy_job,
@@ -244,7 +245,8 @@ class ThrottlingAwarePriorityQueue(SlotChoice):
         if slot in self.pqueues:
             self._ranks.served(slot)
             self._offer(slot)
-        if request is not None:
+        if request is not None and not slot.endswith(CACHED):
+            # A cache hit never reaches the downloader: nothing to wait for.
             self.readiness.handed_out(request)
         return request
 

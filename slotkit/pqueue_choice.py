@@ -116,6 +116,17 @@ class SlotChoice:
                     # and raise again at every choice, starving the rest.
                     continue
                 rank, terms = ranked
+                if slot.endswith(CACHED):
+                    if readiness.cache_answers(self._head(slot)):
+                        chosen = slot  # the HTTP cache answers it: no scope holds it
+                        back.append(slot)
+                        break
+                    # No longer (an entry expired while queued, a job resumed with
+                    # the cache off): back to its own sub-queue, throttled there.
+                    self._refile(slot, version)
+                    if slot in self.pqueues:
+                        self._offer(slot)
+                    continue
                 if rank > filed and slot not in refiled:
                     # Busier than when filed: file it again. Once per choice: a
                     # rank that worsens with time (a quota filling up) would
@@ -195,8 +206,6 @@ class SlotChoice:
 
     def _ask(self, slot: str, now: float, blocked: set[str]) -> float:
         """Ask the downloader how long the head of *slot* must wait; remember a "not yet"."""
-        if slot.endswith(CACHED):
-            return 0.0  # the HTTP cache answers these: no scope holds them
         readiness = self.readiness
         head = self._head(slot)
         wait = readiness.wait(head)

@@ -310,11 +310,13 @@ class ThrottlingScopeManager(ScopeFeedback, SavedScopeState):
         user's own. A scope without rampup has nothing to change.
         """
         rampup = self.rampup
-        if rampup is None or min_delay <= rampup.config.min_delay:
+        if rampup is None:
             return
-        rampup.config = replace(rampup.config, min_delay=min_delay)
-        if self.delay < min_delay:
-            self.delay = min_delay
+        if min_delay > rampup.config.min_delay:
+            rampup.config = replace(rampup.config, min_delay=min_delay)
+        # Also when the user's own floor is the higher: set_base_delay (the
+        # Crawl-delay's) may just have taken the delay below it.
+        self.delay = max(self.delay, rampup.config.min_delay)
 
     def is_idle(self, now: float, max_idle: float) -> bool:
         # Asked of the oldest scope at every scope creation: the common answer

@@ -82,6 +82,16 @@ class ScopeFeedback:
     # What a response tells the scope (see slotkit.feedback)
 
     def record_backoff(self, delay: float | None = None, now: float = 0.0) -> None:
+        self._record_backoff(delay, now, may_step=True)
+
+    def record_stale_hint(self, delay: float, now: float) -> None:
+        """A hint answering a request sent before the scope's current step or
+        hold: it holds (and counts) like any, but takes no step, whatever
+        rampup's target says: its burst was answered already. An optional
+        hook, not in the interface (see :meth:`slotkit.feedback.Feedback`)."""
+        self._record_backoff(delay, now, may_step=False)
+
+    def _record_backoff(self, delay: float | None, now: float, *, may_step: bool) -> None:
         self._settle(now)
         self.triggers += 1
         self.last_trigger = now
@@ -90,14 +100,16 @@ class ScopeFeedback:
         held = now < self.hold_until  # by an earlier hint: the same burst
         if delay is not None and delay > 0:
             self.hold_until = max(self.hold_until, now + delay)
-        if delay is not None and (held or self.rampup is None or self.rampup.within_target()):
+        if delay is not None and (
+            held or not may_step or self.rampup is None or self.rampup.within_target()
+        ):
             # A hint holds the scope and takes no step (the specification),
             # except beyond a rampup scope's target: there the hints say that
             # rampup's own probing went too far, and a hold alone would let the
             # same rate run into the limit again right after it (18% of a
             # server's limit measured, 1.8 hinted 429s per window for a target
-            # of 1). One step per hold: the other answers of its burst come
-            # while the scope is held.
+            # of 1). One step per burst: its other answers come while the
+            # scope is held, or answer requests sent before the hold began.
             pass
         elif delay is None and (
             self.rampup is not None

@@ -231,6 +231,59 @@ async def test_http_cache_hits_are_not_held_behind_their_sites_pace(
 
 
 @pytest_twisted.ensureDeferred
+async def test_queued_cache_hits_the_cache_no_longer_answers_are_throttled_again(
+    mock_site: MockSite, tmp_path: Path
+) -> None:
+    """A review: cache hits queued in a JOBDIR and resumed with the cache off went to
+    the downloader all at once (waiting there, in CONCURRENT_REQUESTS places, while
+    another site's pages waited 4 s); they go back to their slot's own sub-queue."""
+    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "cache")}
+    cached = pages(mock_site, FAST_HOST, 4)
+    await run_crawl(ListSpider, {**AWARE, **cache}, urls=cached)
+    job = {"JOBDIR": str(tmp_path / "job")}
+    slow_first = [{"url": mock_site.url(FAST_HOST, "/page/99", delay=3), "priority": 10}]
+    paused = await run_crawl(
+        ListSpider,
+        {**AWARE, **cache, **job, "CONCURRENT_REQUESTS": 1, "CLOSESPIDER_TIMEOUT": 1},
+        urls=slow_first + cached,
+        crawl_timeout=20,
+    )
+    assert paused.finish_reason == "closespider_timeout"
+    assert len(paused.responses) == 1  # the slow page; the four hits stayed queued
+
+    reached: list[str] = []
+
+    def listen(crawler: Crawler) -> None:
+        def on_reached(request: Any, spider: Any) -> None:
+            reached.append(request.url)
+
+        crawler.signals.connect(on_reached, signal=signals.request_reached_downloader, weak=False)
+
+    other = pages(mock_site, SLOW_HOST, 4)
+    resumed = await run_crawl(
+        ListSpider,
+        {
+            **AWARE,
+            **job,  # the cache is off now
+            "DOWNLOAD_DELAY": 0.3,
+            "CONCURRENT_REQUESTS": 4,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+            "THROTTLING_SCOPES": {SLOW_HOST: {"delay": 0, "concurrency": 4}},
+        },
+        urls=other,
+        on_crawler=listen,
+        crawl_timeout=30,
+    )
+    resumed.assert_no_unhandled_errors()
+    assert len(resumed.responses) == 8
+    # The other site's pages did not wait behind the former hits: only one of
+    # those reached the downloader before the delay let the next go.
+    first_four = reached[:5]
+    assert set(other) <= set(first_four)
+    assert resumed.stats.get("throttling/requests_delayed", 0) == 0
+
+
+@pytest_twisted.ensureDeferred
 async def test_for_comparison_scrapys_scheduler_is_blocked(mock_site: MockSite) -> None:
     """Same crawl, Scrapy's scheduler in request order: the free host waits behind the slow one."""
     urls = pages(mock_site, SLOW_HOST, PAGES) + pages(mock_site, FAST_HOST, PAGES)

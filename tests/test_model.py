@@ -271,17 +271,43 @@ class SpyManager:
         _, units = flying.pop(index)
         self.model.units_ended.append((now + self.model.spec.window, units))
 
+    def record_stale_hint(self, delay: float, now: float) -> None:
+        """A hint answering a request sent before the current step: a hold, never a step."""
+        real = self.real
+        steps_before = real.steps
+        real.record_stale_hint(delay, now)
+        if real.steps != steps_before:
+            self.machine.fail(f"{self.scope_id}: a stale hint took a step")
+        self._after_hint(delay, now, stepped=False)
+
+    def _after_hint(self, delay: float, now: float, *, stepped: bool) -> None:
+        real, model = self.real, self.model
+        if stepped:
+            model.factor = self._drawn_factor()  # a step redraws the running gap
+        if delay > 0:
+            model.hold_until = max(model.hold_until, now + delay)
+            self.last_hold = delay
+        model.backoff_floor = real.backoff_delay
+        window = real.backoff.window
+        model.backoff_until = now + window if window > 0 else math.inf
+
     def record_backoff(self, delay: float | None = None, now: float = 0.0) -> None:
         real, model = self.real, self.model
-        if delay is None:
-            real.can_send(now)  # settle recovery due by now, as record_backoff itself does
-            before = real.current_delay
-            backoff_before = real.backoff_delay
-            concurrency_before = real.concurrency
+        if delay is not None:
+            # Beyond a rampup scope's target a hint also steps (once per burst).
+            steps_before, concurrency_before = real.steps, real.concurrency
+            real.record_backoff(delay, now)
+            # A step of the delay (not of rampup's concurrency) redraws the gap.
+            stepped = real.steps != steps_before and real.concurrency == concurrency_before
+            self._after_hint(delay, now, stepped=stepped)
+            return
+        real.can_send(now)  # settle recovery due by now, as record_backoff itself does
+        before = real.current_delay
+        backoff_before = real.backoff_delay
+        concurrency_before = real.concurrency
         real.record_backoff(delay, now)
         if (
-            delay is None
-            and real.rampup is not None
+            real.rampup is not None
             and real.rampup.within_target()
             and before * (real.rampup.config.target[1] + 1) < real.rampup.config.window
         ):
@@ -292,16 +318,14 @@ class SpyManager:
                     f"{self.scope_id}: a trigger within the rampup target changed the "
                     f"backoff from {backoff_before} to {real.backoff_delay}"
                 )
-        elif (
-            delay is None and real.rampup is not None and concurrency_before > real.min_concurrency
-        ):
+        elif real.rampup is not None and concurrency_before > real.min_concurrency:
             # Rampup: a step takes back one raised concurrency before the delay.
             if (real.concurrency, real.backoff_delay) != (concurrency_before - 1, backoff_before):
                 self.machine.fail(
                     f"{self.scope_id}: a step at concurrency {concurrency_before} gave "
                     f"{real.concurrency} and backoff {real.backoff_delay}"
                 )
-        elif delay is None:
+        else:
             config = real.backoff
             expected = next_backoff(before, config.delay_factor, config.min_delay, config.max_delay)
             if real.backoff_delay != expected:
@@ -310,9 +334,6 @@ class SpyManager:
                     f"{real.backoff_delay}, expected {expected}"
                 )
             model.factor = self._drawn_factor()  # the running gap is redrawn
-        elif delay > 0:
-            model.hold_until = max(model.hold_until, now + delay)
-            self.last_hold = delay
         model.backoff_floor = real.backoff_delay
         window = real.backoff.window
         model.backoff_until = now + window if window > 0 else math.inf

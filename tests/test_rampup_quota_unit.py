@@ -230,6 +230,15 @@ def test_a_learnt_crawl_delay_is_a_floor_for_rampup() -> None:
     assert scope.rampup.config.min_delay == 0.5
 
 
+def test_a_shorter_crawl_delay_keeps_the_users_rampup_min_delay() -> None:
+    """A review: robots.txt sets the Crawl-delay as the base delay first (0.2 s),
+    then its floor; the user's higher min_delay (0.5 s) must stay the pace."""
+    scope = rampup_scope(delay=0.0, min_delay=0.5)
+    scope.set_base_delay(0.2)
+    scope.set_rampup_min_delay(0.2)
+    assert scope.delay == 0.5
+
+
 def test_min_concurrency_floors_set_concurrency() -> None:
     """set_concurrency never goes below min_concurrency."""
     scope = ThrottlingScopeManager(concurrency=8, min_concurrency=3)
@@ -506,6 +515,11 @@ def test_hinted_triggers_beyond_the_target_take_one_step_per_hold() -> None:
     scope.record_backoff(1.0, 2.01)  # the same burst
     scope.record_backoff(1.0, 2.02)
     assert (scope.concurrency, scope.steps, scope.hold_until) == (2, 1, 3.02)
+    # A review: answers of one burst that come after a short hold ended (slow
+    # responses) stepped each; sent before the hold began, they only hold.
+    scope.record_stale_hint(1.0, 3.5)
+    scope.record_stale_hint(1.0, 3.6)
+    assert (scope.concurrency, scope.steps, scope.hold_until) == (2, 1, 4.6)
     plain = ThrottlingScopeManager(concurrency=4, backoff=QUIET)
     for now in (0.0, 2.0, 4.0):
         plain.record_backoff(1.0, now)

@@ -330,6 +330,25 @@ def test_hints_beyond_the_rampup_target_step_once_per_hold(client, store):
     assert stepped > 0
     burst = run(keys("r"), backoff_argv(now + 1.3, "w", 1.0, 0.0, scope=r))
     assert (burst[2], float(burst[3])) == ("held", stepped)
+    # After the hold, an answer to a request sent before it began: no step.
+    late = run(keys("r"), backoff_argv(now + 2.5, "w", 1.0, 1.5, scope=r))
+    assert (late[2], float(late[3])) == ("held", stepped)
+
+
+@pytest.mark.parametrize("store", ["script", "twin"])
+def test_a_lowered_ceiling_holds_for_a_shared_rampup_at_once(client, store):
+    """As in one process: rampup's shared concurrency above a ceiling lowered since
+    (robots.txt's 1, a slot's concurrency) comes down to it at once."""
+    run = store_runner(client, store)
+    r = {"delay": 0.0, "rmin": 0.0, "concurrency": 3, "rampup": True, "minc": 1, "rwin": 3.0}
+    now = 1_700_000_000.0
+    for i, lease in enumerate(("l1", "l2", "l3")):  # two quiet windows: concurrency 3
+        argv = acquire_argv(now + 3.1 * i, "w", lease, [r], lease_ttl=1.0)
+        assert run(keys("r"), argv)[0] == "ok"
+    # One lease (l3) still held: a second goes at 3, not at 1.
+    assert run(keys("r"), acquire_argv(now + 6.3, "w", "l4", [r], lease_ttl=1.0))[0] == "ok"
+    lowered = {**r, "concurrency": 1}
+    assert run(keys("r"), acquire_argv(now + 6.4, "w", "l5", [lowered]))[0] == "full"
 
 
 @pytest.mark.parametrize("store", ["script", "twin"])

@@ -419,6 +419,9 @@ local function ramp(st, a)
       st.rwe = st.rwe + (floor((now - st.rwe) / a.rwin) + 1) * a.rwin
     end
   end
+  -- A ceiling lowered since (robots.txt's 1, a slot's concurrency) holds at
+  -- once, as in one process.
+  if st.rc > a.conc then st.rc = max(a.minc, a.conc) end
   a.delay = st.rd
   a.conc = st.rc
 end
@@ -653,7 +656,8 @@ if op == 'backoff' then
     settle(st, base, factor, bmin, bwin)
     local outcome = 'held'
     if hold >= 0 then
-      local held = st.hold > now  -- by an earlier hint: the same burst
+      -- By an earlier hint, or sent before the current step or hold: the same burst.
+      local burst = st.hold > now or now - age < st.ss
       if now + hold > st.hold then st.hold = now + hold end
       -- The workers give back the reservations they wait on (the "hold"
       -- message): the next slot is the hold's end, not after theirs.
@@ -669,7 +673,7 @@ if op == 'backoff' then
       -- Beyond rampup's target a hint steps the rate back too, once per hold,
       -- as in one process: a hold alone lets the same rate run into the limit
       -- again right after it.
-      if not held and a.ron > 0 and st.rt + 1 > a.rhigh then
+      if not burst and a.ron > 0 and st.rt + 1 > a.rhigh then
         step(st, a, base, factor, bmin, bmax, skey)
       end
     elseif now - age < st.ss then

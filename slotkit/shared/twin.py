@@ -190,7 +190,8 @@ class TwinStore(TwinKeys):
                 settle(st, base, factor, bmin, bwin, now)
                 outcome = "held"
                 if hold >= 0:
-                    held = st.hold > now  # by an earlier hint: the same burst
+                    # By an earlier hint, or sent before the current step or hold.
+                    burst = st.hold > now or now - age < st.ss
                     if now + hold > st.hold:
                         st.hold = now + hold
                     # Reservations given back, not the running backoff gap (see the script).
@@ -200,7 +201,7 @@ class TwinStore(TwinKeys):
                     st.tat = min(st.tat, cap)
                     st.ss = now
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
-                    if not held and a["ron"] > 0 and st.rt + 1 > a["rhigh"]:
+                    if not burst and a["ron"] > 0 and st.rt + 1 > a["rhigh"]:
                         # Beyond rampup's target, once per hold (see the script).
                         self._step(st, a, base, now, channel, scope_of(skey))
                 elif now - age < st.ss:

@@ -57,5 +57,7 @@ def ramp(st: ScopeState, a: dict[str, float], now: float) -> None:
         st.rwe = st.rwe + a["rwin"]
         if now >= st.rwe:
             st.rwe = st.rwe + (math.floor((now - st.rwe) / a["rwin"]) + 1) * a["rwin"]
+    if st.rc > a["conc"]:
+        st.rc = max(a["minc"], a["conc"])  # a ceiling lowered since (see the script)
     a["delay"] = st.rd
     a["conc"] = st.rc
