@@ -123,7 +123,7 @@ class Readiness:
 
     def cache_answers(self, request: Request) -> bool:
         """Whether the crawl's HTTP cache will answer *request* before the downloader."""
-        return self._cache_hits.enabled and self._cache_hits.answers(request)
+        return self._cache_hits.answers(request)
 
     def delay_left(self, request: Request) -> float:
         """Seconds left of *request*'s ``throttling_delay``; asking starts it."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from slotkit.rampup import window_holds_more
 from slotkit.scope_feedback import quiet_window_end
-from slotkit.shared.twin_curve import gap_end, ramp, settle
+from slotkit.shared.twin_curve import gap_end, ramp, settle, step
 from slotkit.shared.twin_keys import (
     CLAIM,
     FIELDS,
@@ -201,9 +201,10 @@ class TwinStore(TwinKeys):
                     st.tat = min(st.tat, cap)
                     st.ss = now
                     self.publish(channel, f"hold\t{scope_of(skey)}\t{fmt(st.hold - now)}")
-                    if not burst and a["ron"] > 0 and st.rt + 1 > a["rhigh"]:
-                        # Beyond rampup's target, once per hold (see the script).
-                        self._step(st, a, base, now, channel, scope_of(skey))
+                    # Beyond rampup's target a hint steps too, once per burst (see the script).
+                    beyond = not burst and a["ron"] > 0 and st.rt + 1 > a["rhigh"]
+                    if beyond and step(st, a, base, now):
+                        self.publish(channel, "step\t" + scope_of(skey))
                 elif now - age < st.ss:
                     outcome = "dup"
                 elif (
@@ -213,7 +214,8 @@ class TwinStore(TwinKeys):
                 ):
                     outcome = "ramp"  # within the rampup target: the rate holds
                 else:
-                    self._step(st, a, base, now, channel, scope_of(skey))
+                    if step(st, a, base, now):
+                        self.publish(channel, "step\t" + scope_of(skey))
                     st.ss = now
                     outcome = "step"
                 if outcome != "dup":
@@ -275,21 +277,6 @@ class TwinStore(TwinKeys):
             return ["ok", count]
 
         raise ValueError(f"slotkit: unknown operation {op!r}")
-
-    def _step(
-        self, st: ScopeState, a: dict[str, float], base: float, now: float, channel: str, scope: str
-    ) -> None:
-        """One backoff step, as the script's ``step``."""
-        if a["ron"] > 0 and st.rc > a["minc"]:
-            st.rc = st.rc - 1  # rampup's concurrency goes back first
-            return
-        before = max(base, st.bo)
-        st.bo = min(a["bmax"], max(a["bmin"], before * a["factor"]))
-        after = max(base, st.bo)
-        if after > before:
-            # Reservations given back on "step" (see the script).
-            st.tat = now + after  # from the trigger (see the script)
-            self.publish(channel, "step\t" + scope)
 
     def _acquire(
         self,

@@ -1,9 +1,10 @@
 """The twin's backoff and rampup arithmetic, as the script's local functions.
 
 Pure functions of one scope's stored state and the script's ``now``:
-:func:`gap_end`, :func:`settle` (backoff recovery) and :func:`ramp`
-(shared rampup) mirror ``gap_end``, ``settle`` and ``ramp`` in
-``script.lua`` line for line, so that both give the same replies.
+:func:`gap_end`, :func:`settle` (backoff recovery), :func:`ramp` (shared
+rampup) and :func:`step` (a backoff step) mirror ``gap_end``, ``settle``,
+``ramp`` and ``step`` in ``script.lua`` line for line, so that both give the
+same replies.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from slotkit.rampup import lowered_delay
 from slotkit.shared.twin_keys import ScopeState
 
-__all__ = ["gap_end", "ramp", "settle"]
+__all__ = ["gap_end", "ramp", "settle", "step"]
 
 
 def gap_end(st: ScopeState, base: float, now: float) -> float:
@@ -61,3 +62,18 @@ def ramp(st: ScopeState, a: dict[str, float], now: float) -> None:
         st.rc = max(a["minc"], a["conc"])  # a ceiling lowered since (see the script)
     a["delay"] = st.rd
     a["conc"] = st.rc
+
+
+def step(st: ScopeState, a: dict[str, float], base: float, now: float) -> bool:
+    """One backoff step, as the script's ``step``; whether the workers must hear "step"
+    (the interval grew: they give back the reservations they wait on)."""
+    if a["ron"] > 0 and st.rc > a["minc"]:
+        st.rc = st.rc - 1  # rampup's concurrency goes back first
+        return False
+    before = max(base, st.bo)
+    st.bo = min(a["bmax"], max(a["bmin"], before * a["factor"]))
+    after = max(base, st.bo)
+    if after <= before:
+        return False
+    st.tat = now + after  # from the trigger (see the script)
+    return True
