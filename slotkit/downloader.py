@@ -137,6 +137,8 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self._resending: WeakSet[Request] = WeakSet()
         #: Requests handed on at close with ``dont_retry`` set: their own value.
         self._lent_dont_retry: WeakKeyDictionary[Request, object] = WeakKeyDictionary()
+        #: Requests whose fetch was cancelled by its caller (see fetch).
+        self._cancelled: WeakSet[Request] = WeakSet()
         #: Requests whose ``get_scopes`` must wait for something (see known_scopes).
         self._scopes_wait: WeakSet[Request] = WeakSet()
         jobdir = job_dir(self.settings)
@@ -197,8 +199,20 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
             self.middleware.download_async(self._download, request)  # type: ignore[arg-type]
         )
 
+        cancel = dfd.cancel
+
+        def cancelled_by_caller() -> None:
+            # On the plain Twisted reactor the cancel reaches the transfer as a
+            # failed response, the same failure a handler's own cancel-based
+            # timeout gives: only this mark tells the caller's cancel apart.
+            self._cancelled.add(request)
+            cancel()
+
+        dfd.cancel = cancelled_by_caller  # type: ignore[method-assign]
+
         def _left(result: Any) -> Any:
             self.active.discard(request)
+            self._cancelled.discard(request)
             lent = self._lent_dont_retry.pop(request, None)
             if lent is not None:
                 # Set for the middlewares at close (RequestPath._download): the

@@ -85,6 +85,7 @@ class RequestPath:
     _crowding: CrowdingWatch | None
     _meta_keys: MetaKeyCheck
     _lent_dont_retry: WeakKeyDictionary[Request, object]
+    _cancelled: WeakSet[Request]
     _default_get_scopes: bool
     _get_scopes: Callable[[Request], Any]
     _requeue_at_close: bool
@@ -251,10 +252,11 @@ class RequestPath:
             try:
                 response: Response = await self.handlers.download_request_async(request)
             except Exception as exc:
-                if cut_by_cancel(exc):
+                if request in self._cancelled and cut_by_cancel(exc):
                     # The caller cancelled the fetch (plain Twisted reactor: it
                     # arrives as a failed response). That says nothing about
-                    # the site, and a retry would undo the cancel.
+                    # the site, and a retry would undo the cancel. (A handler
+                    # cancelling on its own timeout fails as it says, as stock.)
                     raise CancelledError(f"the download of {request} was cancelled") from exc
                 said = await resolved(self.manager.get_exception_backoff(request, exc))
                 backoff = as_backoff(said, "get_exception_backoff()")

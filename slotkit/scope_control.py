@@ -100,11 +100,14 @@ class ScopeControl:
         for scope_id in scopes:
             # A single-label host ("vm", a docker-compose service, an intranet
             # name) has no dot to tell it from a custom scope such as "api";
-            # being the request's own host says it is a site.
+            # being the request's own host says it is a site. An IPv6 address
+            # has no dot either, but is an address: its scope stays an IP scope
+            # (CONCURRENT_REQUESTS_PER_IP, shared with the names that resolve to it).
             if (
                 "." not in scope_id
                 and scope_id not in self._kind_hints
                 and scope_id == urlparse_cached(request).hostname
+                and scope_kind(scope_id) != IP
             ):
                 self._kind_hints[scope_id] = DOMAIN
         self._add_derived_scopes(request, scopes)

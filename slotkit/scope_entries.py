@@ -167,6 +167,14 @@ def _warn_siteless_key(setting: str, scope: str) -> None:
         site = scope.split("://", 1)[1].split("/", 1)[0].lower()
     elif scope != scope.lower() and _HOST_LIKE.fullmatch(scope) and ":" not in scope:
         site = scope.lower()
+    elif scope.lower() == "localhost" and scope != "localhost":
+        site = "localhost"
+    elif not scope.isascii() and "." in scope and "/" not in scope:
+        # Scrapy sends an internationalized host name in its ASCII form.
+        try:
+            site = scope.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            return
     else:
         return
     _WARNED_KEYS.add(scope)

@@ -58,7 +58,11 @@ def scope_kind(scope_id: str) -> str:
     recipes return) is a site, so a domain scope, whether its host is a
     name or an address; so is an endpoint of a site, ``host/path`` (the
     spec's endpoint recipe treats endpoints "as different domains").
+    The empty id, the scope of URLs without a host (``data:``, ``file:``),
+    is a domain scope too, as Scrapy's slot ``""`` is.
     """
+    if not scope_id:
+        return DOMAIN
     if host_of_netloc(scope_id) is not None:
         return DOMAIN
     site, slash, _ = scope_id.partition("/")

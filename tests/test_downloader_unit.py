@@ -35,7 +35,7 @@ from slotkit import (
 )
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
 from slotkit.scope_managers import ScopeManagerError
-from slotkit.settings import SettingsError
+from slotkit.settings import IP, SettingsError
 from slotkit.slots import SlotView
 
 ONE_DELAY = 1.0
@@ -61,7 +61,8 @@ class ManualHandler:
         self.started.append(request.url)
         if request.meta.get("raise_now"):
             raise ValueError("the handler failed before any I/O")
-        deferred: Deferred[Response] = Deferred()
+        canceller = _cut_off if request.meta.get("cut_off_on_cancel") else None
+        deferred: Deferred[Response] = Deferred(canceller)
         self.pending.append((request, deferred))
         return await maybe_deferred_to_future(deferred)
 
@@ -76,6 +77,18 @@ class ManualHandler:
 
     async def close(self) -> None:
         pass
+
+
+def _cut_off(deferred: Deferred[Response]) -> None:
+    """Fail *deferred* as Scrapy's HTTP handler does when its transfer is
+    cancelled: a response never received (reason: CancelledError), wrapped."""
+    from scrapy.exceptions import DownloadFailedError
+    from twisted.web._newclient import ResponseNeverReceived
+
+    try:
+        raise DownloadFailedError("cut") from ResponseNeverReceived([Failure(CancelledError())])
+    except DownloadFailedError as exc:
+        deferred.errback(Failure(exc))
 
 
 BASE_SETTINGS: dict[str, Any] = {
@@ -724,32 +737,103 @@ async def test_a_single_label_host_is_a_site_not_a_custom_scope():
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_transfer_cut_by_cancelling_is_no_backoff_signal():
-    """A download cut off by a cancel ends in CancelledError and backs nothing off.
+async def test_an_ipv6_address_in_a_url_keeps_an_ip_scope():
+    """``https://[::1]/`` has no dot in its host, like a single-label site, but
+    its scope is an address's: CONCURRENT_REQUESTS_PER_IP, shared with the host
+    names that resolve to it. An acceptance probe saw it turned into a site's
+    scope (8 in flight for a per-IP limit of 2)."""
+    downloader, _clock = make_downloader(
+        {"CONCURRENT_REQUESTS_PER_DOMAIN": 8, "CONCURRENT_REQUESTS_PER_IP": 2}
+    )
+    handler = handler_of(downloader)
+    requests = [Request(f"https://[::1]:8443/{n}") for n in range(3)]
+    for request in requests:
+        outcome(downloader.fetch(request))
+    await settle()
+    scope = downloader.registry.peek("::1")
+    assert scope is not None
+    assert scope.kind == IP
+    assert len(handler.pending) == 2
+    for request in requests:
+        await settle()
+        handler.finish(request.url)
+    await settle()
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_urls_without_a_host_share_a_site_scope():
+    """``data:`` and ``file:`` URLs go through the scope ``""`` with
+    CONCURRENT_REQUESTS_PER_DOMAIN, as through Scrapy's slot ``""``: a slow
+    handler ran them one at a time."""
+    downloader, _clock = make_downloader(
+        {"CONCURRENT_REQUESTS_PER_DOMAIN": 3, "DOWNLOAD_HANDLERS": {"data": ManualHandler}}
+    )
+    handler = handler_of(downloader)
+    requests = [Request(f"data:,{n}") for n in range(4)]
+    for request in requests:
+        outcome(downloader.fetch(request))
+    await settle()
+    assert len(handler.pending) == 3
+    assert downloader.slots[""].concurrency == 3
+    for request in requests:
+        await settle()
+        handler.finish(request.url)
+    await settle()
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_transfer_cut_by_cancelling_is_no_backoff_signal(monkeypatch):
+    """A download cut off by its caller's cancel ends in CancelledError and
+    backs nothing off.
 
     On the plain Twisted reactor a cancelled in-flight fetch reaches slotkit
     as DownloadFailedError from a response never received; an acceptance
     probe saw it retried and the host backed off as if the site had failed.
     """
-    from scrapy.exceptions import DownloadFailedError
-    from twisted.web._newclient import ResponseNeverReceived
+    import scrapy.utils.defer
 
+    # The plain reactor's path: the fetch is a Deferred driving the coroutine,
+    # and its cancel reaches the handler's Deferred.
+    monkeypatch.setattr(scrapy.utils.defer, "is_asyncio_available", lambda: False)
     downloader, _clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 1})
-    handler = handler_of(downloader)
-    request = Request("https://a.example/1", meta={"dont_retry": True})
-    box = outcome(downloader.fetch(request))
+    request = Request("https://a.example/1", meta={"dont_retry": True, "cut_off_on_cancel": True})
+    fetching = downloader.fetch(request)
+    box = outcome(fetching)
     await settle()
-    (_, pending) = handler.pending.pop()
-    try:
-        raise DownloadFailedError("cut") from ResponseNeverReceived([Failure(CancelledError())])
-    except DownloadFailedError as exc:
-        pending.errback(Failure(exc))
+    assert handler_of(downloader).pending
+    fetching.cancel()
     await settle()
     assert isinstance(box[0], Failure)
     assert box[0].check(CancelledError)
+    assert "was cancelled" in str(box[0].value)
     assert downloader.registry.get("a.example").manager.backoff_delay is None
     stats = downloader.crawler.stats.get_stats()
     assert not [name for name in stats if name.startswith("throttling/backoff/")]
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_handler_cancelling_its_own_transfer_fails_as_it_says():
+    """A handler that times out by cancelling its own transfer (a Twisted Agent
+    with ``addTimeout``) fails with its own exception, as with Scrapy's
+    downloader, and that failure counts for backoff: nobody cancelled the fetch.
+    An acceptance probe saw it reported as a cancelled download instead."""
+    from scrapy.exceptions import DownloadFailedError
+
+    downloader, _clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    handler = handler_of(downloader)
+    request = Request("https://a.example/1", meta={"cut_off_on_cancel": True})
+    box = outcome(downloader.fetch(request))
+    await settle()
+    (_, pending) = handler.pending.pop()
+    pending.cancel()  # the handler's own timeout
+    await settle()
+    assert isinstance(box[0], Failure)
+    assert box[0].check(DownloadFailedError)
+    assert not box[0].check(CancelledError)
+    assert downloader.registry.get("a.example").manager.backoff_delay is not None
     downloader.close()
 
 

@@ -175,7 +175,7 @@ def test_url_without_host_gives_the_empty_scope(crawler):
         ("10.0.0.1/api", DOMAIN),
         ("api/v1", CUSTOM),
         ("/v1", CUSTOM),
-        ("", CUSTOM),
+        ("", DOMAIN),  # URLs without a host (data:, file:), as Scrapy's slot ""
         ("127.0.0.1:8080", DOMAIN),  # a netloc is a site, even with an address for a host
         ("example.com:8443", DOMAIN),
         ("localhost:6800", DOMAIN),

@@ -211,7 +211,13 @@ def test_a_backoff_or_rampup_option_at_the_top_says_where_it_goes(key: str, home
 
 @pytest.mark.parametrize(
     ("key", "site"),
-    [("A.test", "a.test"), ("http://a.test:8080/x", "a.test:8080")],
+    [
+        ("A.test", "a.test"),
+        ("http://a.test:8080/x", "a.test:8080"),
+        ("LOCALHOST", "localhost"),
+        # Scrapy sends the ASCII form of an internationalized host name.
+        ("bücher.test", "xn--bcher-kva.test"),
+    ],
 )
 def test_a_key_no_site_can_match_is_warned_about(
     key: str, site: str, caplog: pytest.LogCaptureFixture
