@@ -10,8 +10,12 @@ requests as the spider starts closing, and saves scope states under JOBDIR.
 from __future__ import annotations
 
 import logging
+import marshal
 import math
-from typing import TYPE_CHECKING
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.misc import load_object
 
 if TYPE_CHECKING:
     from weakref import WeakSet
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotkit")
 
-__all__ = ["REQUEUED", "SpiderClosing", "requeued", "restore_filtering"]
+__all__ = ["REQUEUED", "SpiderClosing", "can_be_saved", "requeued", "restore_filtering"]
 
 #: Meta key of a request put back in the scheduler at close: its own ``dont_filter``.
 REQUEUED = "_slotkit_requeued_dont_filter"
@@ -45,6 +49,28 @@ def requeued(request: Request) -> Request:
     """
     original = request.meta.get(REQUEUED, request.dont_filter)
     return request.replace(dont_filter=True, meta={**request.meta, REQUEUED: original})
+
+
+def can_be_saved(request: Request, crawler: Crawler) -> bool:
+    """Whether the scheduler's disk queue can store *request* in the job directory.
+
+    One it cannot (a callback that is not a spider method, a meta value that
+    does not pickle) goes to Scrapy's memory queue, which is dropped when the
+    crawl stops: put back at close it would end without a word, neither sent
+    on resume nor failed. It ends as without ``JOBDIR`` instead.
+    """
+    queue_path = crawler.settings.get("SCHEDULER_DISK_QUEUE")
+    queue_cls: Any = load_object(queue_path) if isinstance(queue_path, str) else queue_path
+    uses_marshal = "marshal" in getattr(queue_cls, "__name__", "").lower()
+    try:
+        data = request.to_dict(spider=crawler.spider)
+        if uses_marshal:
+            marshal.dumps(data)
+        else:
+            pickle.dumps(data, protocol=4)
+    except Exception:
+        return False
+    return True
 
 
 def restore_filtering(request: Request) -> None:
@@ -98,8 +124,17 @@ class SpiderClosing:
         self._save_states()
         if waiting:
             answered = sum(1 for request in waiting if request in self._resending)
+            unsaved = 0
             if self._store is not None:
+                unsaved = sum(1 for request in waiting if not can_be_saved(request, self.crawler))
+            if self._store is not None and not unsaved:
                 fate = "; they go back to the scheduler (JOBDIR)"
+            elif unsaved:
+                fate = (
+                    f"; {len(waiting) - unsaved} go back to the scheduler (JOBDIR), "
+                    f"{unsaved} cannot be saved there (a callback that is not a spider "
+                    "method, or meta that cannot be serialized) and end as without JOBDIR"
+                )
             elif answered:
                 unsent = len(waiting) - answered
                 were = "was" if unsent == 1 else "were"

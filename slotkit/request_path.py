@@ -25,7 +25,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import CancelledError
 
 from slotkit.awaitables import needs_await, resolved
-from slotkit.closing import REQUEUED, requeued
+from slotkit.closing import REQUEUED, can_be_saved, requeued
 from slotkit.feedback import current_request
 from slotkit.gate import GateClosedError
 from slotkit.handover import take
@@ -161,7 +161,14 @@ class RequestPath:
                     # A copy handed back at close that came straight back was an
                     # engine.download() request (its caller follows a Request
                     # result itself): handed back again it would loop forever.
-                    requeue = self._requeue_at_close and REQUEUED not in request.meta
+                    # One the job directory cannot store would be lost in the
+                    # scheduler's memory queue: it ends as without JOBDIR.
+                    came_back = self._requeue_at_close and REQUEUED in request.meta
+                    requeue = (
+                        self._requeue_at_close
+                        and not came_back
+                        and can_be_saved(request, self.crawler)
+                    )
                     if answered is not None and not requeue:
                         # It went and was answered "later": that answer goes on,
                         # rather than a failure saying it never went. Not to
@@ -173,7 +180,10 @@ class RequestPath:
                         self.stats.inc("backoff/handed_on_at_close")
                         uncounted = None  # the middlewares count it on its way out
                         return answered
-                    if answered is None:
+                    if came_back:
+                        # Counted when it was handed back: it was not requeued after all.
+                        self.stats.inc("requests_requeued", -1)
+                    elif answered is None:
                         self.stats.inc("requests_unsent_at_close")
                     if not requeue:
                         raise

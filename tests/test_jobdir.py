@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,32 @@ async def test_a_pause_ends_an_engine_download_waiting_at_the_gate(
     assert result.duration < 10  # the watchdog is 20 s; it closed at the timeout
     assert DownloadFromCallbackSpider.outcome == ["GateClosedError"]
     assert mock_site.recorder.count(HOST) == 1
+    # Handed back and straight back again: unsent once, requeued never.
+    assert result.stats.get("throttling/requests_requeued", 0) == 0
+    assert result.stats["throttling/requests_unsent_at_close"] == 1
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_a_held_request_the_job_cannot_store_fails_at_a_pause(
+    mock_site: MockSite, tmp_path: Path
+) -> None:
+    """A request the scheduler's disk queue cannot store (here a meta value that
+    does not pickle; often a lambda callback) ends as without JOBDIR: put back,
+    it went to Scrapy's memory queue, dropped at the pause, and was never sent
+    nor failed (an acceptance probe)."""
+    settings = {
+        **SLOTKIT,
+        "JOBDIR": str(tmp_path / "job"),
+        "CLOSESPIDER_TIMEOUT": PAUSE_AFTER,
+        "THROTTLING_SCOPES": {HOST: {"delay": HELD}},
+    }
+    urls = [mock_site.url(HOST, "/page/0"), mock_site.url(HOST, "/page/1")]
+    first = await run_crawl(
+        ListSpider, settings, urls=urls, meta={"lock": threading.Lock()}, crawl_timeout=20
+    )
+    assert first.finish_reason == "closespider_timeout"
+    assert mock_site.recorder.count(HOST) == 1
+    assert [error.type for error in first.errors] == ["GateClosedError"]
+    assert first.stats.get("throttling/requests_requeued", 0) == 0
+    assert "1 cannot be saved there" in first.log_text
