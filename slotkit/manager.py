@@ -8,6 +8,7 @@ group requests differently; the helpers :func:`scope_cache`,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -203,7 +204,7 @@ class ThrottlingManager:
                 continue
             if hint is None:  # parsed only when some scope can use it
                 hint = self._hint(response)
-                wait = self.get_response_delay(response)
+                wait = self._response_delay(response)
             record = ScopeBackoff(trigger=trigger, delay=wait if trigger else None)
             # The server's counts: a spent one holds the scope until its reset, a
             # remaining one is the truth for a quota and a budget until the
@@ -230,6 +231,21 @@ class ThrottlingManager:
         override (a custom wait header, say) changes what slotkit honours.
         """
         return self._hint(response).delay
+
+    def _response_delay(self, response: Response) -> float | None:
+        """:meth:`get_response_delay`, checked when a subclass overrides it: a
+        header's raw bytes (``response.headers.get(...)``) would otherwise fail
+        the request with a bare ``TypeError`` from deep inside the backoff."""
+        wait = self.get_response_delay(response)
+        if wait is None or type(self).get_response_delay is ThrottlingManager.get_response_delay:
+            return wait
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
+            raise ValueError(
+                f"{type(self).__name__}.get_response_delay() must return None or a finite "
+                f"number of seconds >= 0, got {wait!r} (a header's value is bytes: "
+                "convert it with float(), and return None when it is missing or unusable)"
+            )
+        return float(wait)
 
     def _hint(self, response: Response) -> RateLimitHint:
         """The rate-limit headers of *response*, parsed once per response."""

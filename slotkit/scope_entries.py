@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from scrapy.utils.misc import load_object
@@ -275,6 +275,7 @@ def slot_entry(key: str, entry: object) -> dict[str, Any]:
 
 
 _WARNED_QUOTAS: set[str] = set()
+_WARNED_FLOORS: set[str] = set()
 
 
 def forget_setting_warnings() -> None:
@@ -287,6 +288,7 @@ def forget_setting_warnings() -> None:
     """
     _WARNED_KEYS.clear()
     _WARNED_QUOTAS.clear()
+    _WARNED_FLOORS.clear()
     _WARNED_JITTER.clear()
 
 
@@ -327,4 +329,39 @@ def warn_serial_quotas(
             "which can spend far less than the quota; give it a 'concurrency' (say 8) to "
             "spend it faster",
             scope,
+        )
+
+
+def warn_capped_floors(
+    scopes: Mapping[str, Mapping[str, Any]], resolved: Callable[[str], tuple[int, str]]
+) -> None:
+    """Say (once per scope) when a ``min_concurrency`` is above the concurrency
+    the scope gets from elsewhere (``CONCURRENT_REQUESTS_PER_DOMAIN``, a
+    ``DOWNLOAD_SLOTS`` entry, the ``CONCURRENT_REQUESTS`` cap): the floor is
+    lowered to it. Written beside a ``concurrency`` in the same entry, the
+    same mistake is refused (:func:`scope_entry`).
+
+    *resolved* gives a scope's concurrency and where it comes from.
+    """
+    for scope, entry in scopes.items():
+        floor = entry.get("min_concurrency")
+        if floor is None or scope in _WARNED_FLOORS:
+            continue
+        concurrency, source = resolved(scope)
+        if floor <= concurrency:
+            continue
+        _WARNED_FLOORS.add(scope)
+        if "CONCURRENT_REQUESTS cap" in source:
+            advice = "raise CONCURRENT_REQUESTS to keep it"
+        else:
+            advice = f"give the entry a 'concurrency' of at least {floor} to keep it"
+        logger.warning(
+            "slotkit: THROTTLING_SCOPES[%r]['min_concurrency'] (%d) is above the scope's "
+            "concurrency (%d, from %s); it is lowered to %d: %s",
+            scope,
+            floor,
+            concurrency,
+            source,
+            concurrency,
+            advice,
         )

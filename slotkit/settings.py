@@ -28,6 +28,7 @@ from slotkit.scope_entries import (
     positive,
     slot_entry,
     validate_scope_entry,
+    warn_capped_floors,
     warn_serial_quotas,
 )
 from slotkit.validation import (
@@ -285,7 +286,26 @@ class ThrottlingSettings:
             config.scope_manager,
             config.total_concurrency,
         )
+        warn_capped_floors(config.scopes, config._concurrency_and_source)
         return config
+
+    def _concurrency_and_source(self, scope: str) -> tuple[int, str]:
+        """The concurrency a scope of the id *scope* gets, and what sets it."""
+        # Here, not at the top: slotkit.scope_ids imports this module.
+        from slotkit.scope_ids import scope_kind
+
+        kind = scope_kind(scope)
+        config = self.scope_config(scope, kind)
+        source = config.sources.get("concurrency", "default")
+        if source == CAPPED_SOURCE:
+            source = "the CONCURRENT_REQUESTS cap"
+        elif source == "default":
+            source = "CONCURRENT_REQUESTS_PER_DOMAIN"
+            if kind == CUSTOM:
+                source = "THROTTLING_SCOPE_CONCURRENCY"
+            elif kind == IP and self.ip_concurrency:
+                source = "CONCURRENT_REQUESTS_PER_IP"
+        return config.concurrency, source
 
     def backoff_config(self, scope: str) -> BackoffRules:
         """The backoff rules of *scope*: its ``"backoff"`` overrides, else the globals."""

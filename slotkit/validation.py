@@ -46,9 +46,41 @@ def _describe(value: object) -> str:
     return f"{value!r}, a {type(value).__name__}"
 
 
+#: Keys written for another one, after Scrapy's names or other tools' (lower case).
+_MEANT = {
+    "max_concurrency": "concurrency",  # the ceiling; "min_concurrency" is rampup's floor
+    "concurrent_requests": "concurrency",
+    "download_delay": "delay",
+    "randomize_delay": "jitter",  # DOWNLOAD_SLOTS' flag; THROTTLING_SCOPES has jitter
+    "rate_limit": "quota",
+    "period": "window",
+}
+
+
 def _closest(key: str, choices: frozenset[str]) -> str:
-    match = difflib.get_close_matches(key, sorted(choices), n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
+    """``"; did you mean X?"`` for the accepted key *key* was likely meant as, or ``""``.
+
+    Known stand-ins first (``max_concurrency`` is the ceiling, not a typo of
+    ``min_concurrency``), then the same key in another case, then a close
+    spelling of the whole key or of one of its words (``facter`` for
+    ``delay_factor``).
+    """
+    lowered = key.lower()
+    by_lower = {choice.lower(): choice for choice in choices}
+    meant = _MEANT.get(lowered)
+    if meant is None or meant not in choices:
+        meant = by_lower.get(lowered)
+    if meant is None:
+        match = difflib.get_close_matches(lowered, sorted(by_lower), n=1, cutoff=0.6)
+        meant = by_lower[match[0]] if match else None
+    if meant is None:
+        words: dict[str, str] = {}
+        for choice in sorted(choices):
+            for word in choice.lower().split("_"):
+                words.setdefault(word, choice)
+        match = difflib.get_close_matches(lowered, sorted(words), n=1, cutoff=0.75)
+        meant = words[match[0]] if match else None
+    return f"; did you mean {meant!r}?" if meant else ""
 
 
 def _number(

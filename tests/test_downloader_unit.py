@@ -1074,3 +1074,29 @@ def test_schedulers_see_the_address_scope_of_a_request_with_meta_scopes():
     downloader, _ = make_downloader({"CONCURRENT_REQUESTS_PER_IP": 1})
     request = Request("http://127.0.0.1/", meta={"throttling_scopes": "api"})
     assert downloader.known_scopes(request) == {"api": None, "127.0.0.1": None}
+
+
+class RawWaitHeaderManager(ThrottlingManager):
+    """Returns a header's raw bytes from get_response_delay: a natural mistake."""
+
+    def get_response_delay(self, response: Response) -> float | None:
+        return response.headers.get("X-Wait", b"5")  # type: ignore[return-value]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_unusable_get_response_delay_is_named():
+    """An override of get_response_delay returning bytes fails the request with
+    an error naming the method and its class, as get_response_backoff's bad
+    values do; an acceptance probe saw a bare TypeError from deep inside."""
+    downloader, _clock = make_downloader({"THROTTLING_MANAGER": RawWaitHeaderManager})
+    request = Request("https://a.example/1")
+    box = outcome(downloader.fetch(request))
+    await settle()
+    handler_of(downloader).finish(request.url, status=429)
+    await settle()
+    assert isinstance(box[0], Failure)
+    assert box[0].check(ValueError)
+    message = str(box[0].value)
+    assert "RawWaitHeaderManager.get_response_delay() must return None or a finite" in message
+    assert "b'5'" in message
+    downloader.close()

@@ -11,6 +11,7 @@ from scrapy.utils.test import get_crawler
 from twisted.internet.task import Clock
 
 from slotkit.downloader import Downloader
+from slotkit.scope_entries import forget_setting_warnings
 from slotkit.settings import (
     CUSTOM,
     DOMAIN,
@@ -182,6 +183,24 @@ def test_typo_suggests_the_right_key():
     assert "accepted keys:" in message
     for key in ("concurrency", "delay", "jitter", "manager", "min_concurrency"):
         assert key in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "meant"),
+    [
+        # The ceiling, not a typo of the floor "min_concurrency".
+        ({"max_concurrency": 4}, "concurrency"),
+        ({"CONCURRENCY": 4}, "concurrency"),
+        # DOWNLOAD_SLOTS' names, copied into THROTTLING_SCOPES.
+        ({"randomize_delay": True}, "jitter"),
+        ({"download_delay": 1}, "delay"),
+        ({"rampup": {"facter": 2}}, "delay_factor"),
+    ],
+)
+def test_keys_written_for_another_are_pointed_to_it(entry: dict[str, Any], meant: str):
+    """Found by an acceptance probe: these got no suggestion, or the wrong one."""
+    message = refuse({"THROTTLING_SCOPES": {"a": entry}})
+    assert f"did you mean {meant!r}?" in message
 
 
 def test_unknown_key_without_close_match_lists_accepted_keys():
@@ -803,3 +822,25 @@ def test_each_crawl_is_told_of_its_settings_once(caplog: pytest.LogCaptureFixtur
         assert text.count("key 'A.test' is no site's scope id") == 1
         assert text.count("reaches below a zero delay") == 1
         assert text.count("THROTTLING_SCOPES['api'] has a quota but no 'concurrency'") == 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "source"),
+    [
+        ({"CONCURRENT_REQUESTS_PER_DOMAIN": 2}, "CONCURRENT_REQUESTS_PER_DOMAIN"),
+        ({"DOWNLOAD_SLOTS": {"h.test": {"concurrency": 2}}}, "DOWNLOAD_SLOTS"),
+        ({"CONCURRENT_REQUESTS": 2}, "the CONCURRENT_REQUESTS cap"),
+    ],
+)
+def test_a_floor_above_the_concurrency_from_elsewhere_is_warned_about(
+    settings: dict[str, Any], source: str, caplog: pytest.LogCaptureFixture
+):
+    """min_concurrency 3 beside a concurrency of 2 is refused; given 2 by another
+    setting it was lowered without a word (an acceptance probe)."""
+    forget_setting_warnings()
+    with caplog.at_level(logging.WARNING, logger="slotkit"):
+        read({"THROTTLING_SCOPES": {"h.test": {"min_concurrency": 3}}, **settings})
+    assert (
+        "THROTTLING_SCOPES['h.test']['min_concurrency'] (3) is above the scope's "
+        f"concurrency (2, from {source}); it is lowered to 2"
+    ) in caplog.text
