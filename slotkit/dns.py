@@ -15,6 +15,7 @@ import functools
 import ipaddress
 import logging
 import socket
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from scrapy.resolver import dnscache
@@ -65,6 +66,8 @@ def _address(entry: Any) -> str | None:
 #: Schemes whose downloads connect to the URL's host (``s3://``, ``data:``,
 #: ``file://`` and test handlers do not: nothing to look up for them).
 _LOOKED_UP_SCHEMES = frozenset({"http", "https", "ftp"})
+#: Hosts whose lookup failed that a crawl remembers (as many as addresses it keeps).
+FAILED_HOSTS_KEPT = 10000
 
 
 class AddressLookups:
@@ -96,8 +99,10 @@ class AddressLookups:
         self._pending: dict[str, list[Deferred[None]]] = {}
         self._timers: dict[str, Any] = {}
         self._waiting: dict[Deferred[None], Request] = {}
-        #: Hosts whose lookup failed in this crawl (not retried; their downloads say why).
-        self._failed: set[str] = set()
+        #: Hosts whose lookup failed in this crawl (not retried; their downloads
+        #: say why), oldest first: at most FAILED_HOSTS_KEPT, as a broad crawl
+        #: of dead domains would grow it for good; one dropped is looked up again.
+        self._failed: OrderedDict[str, None] = OrderedDict()
 
     @property
     def _name_resolver(self) -> Any:
@@ -212,7 +217,9 @@ class AddressLookups:
         if isinstance(address, str) and address:
             _looked_up[host] = address
         else:
-            self._failed.add(host)
+            self._failed[host] = None
+            if len(self._failed) > FAILED_HOSTS_KEPT:
+                self._failed.popitem(last=False)
             logger.debug("slotkit: no address for %s (%s); no IP scope for it", host, error)
         for done in waiting:
             if not done.called:

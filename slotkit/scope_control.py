@@ -262,6 +262,13 @@ class ScopeControl:
     def _evicted(self, scope: Scope) -> None:
         self.stats.inc("scopes_evicted")
         self._evicted_recoveries += int(getattr(scope.manager, "recoveries", 0))
+        # What is kept per scope id goes with the scope, or a broad crawl's
+        # memory grows with every scope it ever saw (THROTTLING_SCOPE_LIMIT
+        # bounds it). Hints come back with the next request that needs them,
+        # before its scope is made again; DOWNLOAD_SLOTS keys' stay for good.
+        self._recoveries_seen.pop(scope.id, None)
+        if scope.id not in self.config.slots:
+            self._kind_hints.pop(scope.id, None)
 
     def hold_scope(self, scope_id: str, seconds: float) -> None:
         """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped.

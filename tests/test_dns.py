@@ -66,6 +66,19 @@ def test_a_failed_lookup_is_not_repeated_and_never_fails_the_waiter() -> None:
     assert reactor.asked == ["gone.example.test"]
 
 
+def test_failed_hosts_remembered_are_bounded(monkeypatch: Any) -> None:
+    """A broad crawl of dead domains kept every one of them for good (an
+    acceptance probe: 40,000 entries); the oldest go, and would be asked again."""
+    monkeypatch.setattr("slotkit.dns.FAILED_HOSTS_KEPT", 3)
+    reactor = Resolving()
+    lookups = AddressLookups(reactor)
+    hosts = [f"gone{n}.example.test" for n in range(5)]
+    for host in hosts:
+        lookups.lookup(host)
+        reactor.pending[host].errback(DNSLookupError("gone"))
+    assert [lookups.needed(host) for host in hosts] == [True, True, False, False, False]
+
+
 def test_without_a_resolver_nothing_is_looked_up() -> None:
     """A test clock (or a loop without resolve()) leaves IP scopes to Scrapy's cache."""
     assert not AddressLookups(Clock()).needed("a.example.test")

@@ -1100,3 +1100,24 @@ async def test_an_unusable_get_response_delay_is_named():
     assert "RawWaitHeaderManager.get_response_delay() must return None or a finite" in message
     assert "b'5'" in message
     downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_per_scope_bookkeeping_goes_with_evicted_scopes():
+    """What the downloader keeps per scope id is dropped with the scope:
+    an acceptance probe saw the kind hints of 40,000 download_slot values
+    kept while THROTTLING_SCOPE_LIMIT held the registry at 1,000."""
+    downloader, _clock = make_downloader(
+        {"THROTTLING_SCOPE_LIMIT": 2, "THROTTLING_DEBUG": True, "DOWNLOAD_SLOTS": {"kept": {}}}
+    )
+    handler = handler_of(downloader)
+    for n in range(10):
+        request = Request(f"https://a.example/{n}", meta={"download_slot": f"slot{n}"})
+        outcome(downloader.fetch(request))
+        await settle()
+        handler.finish(request.url)
+        await settle()
+    assert len(downloader.registry) <= 3
+    assert set(downloader._kind_hints) <= {"kept", *downloader.registry}
+    assert set(downloader._recoveries_seen) <= set(downloader.registry)
+    downloader.close()
