@@ -9,6 +9,7 @@ requests as the spider starts closing, and saves scope states under JOBDIR.
 
 from __future__ import annotations
 
+import functools
 import logging
 import marshal
 import math
@@ -55,22 +56,39 @@ def can_be_saved(request: Request, crawler: Crawler) -> bool:
     """Whether the scheduler's disk queue can store *request* in the job directory.
 
     One it cannot (a callback that is not a spider method, a meta value that
-    does not pickle) goes to Scrapy's memory queue, which is dropped when the
-    crawl stops: put back at close it would end without a word, neither sent
-    on resume nor failed. It ends as without ``JOBDIR`` instead.
+    does not pickle, or does not marshal for a marshal queue) goes to Scrapy's
+    memory queue, which is dropped when the crawl stops: put back at close it
+    would end without a word, neither sent on resume nor failed. It ends as
+    without ``JOBDIR`` instead. Start requests go to their own disk queue
+    (``SCHEDULER_START_DISK_QUEUE``) when one is set.
     """
-    queue_path = crawler.settings.get("SCHEDULER_DISK_QUEUE")
-    queue_cls: Any = load_object(queue_path) if isinstance(queue_path, str) else queue_path
-    uses_marshal = "marshal" in getattr(queue_cls, "__name__", "").lower()
+    settings = crawler.settings
+    queue = settings.get("SCHEDULER_DISK_QUEUE")
+    if request.meta.get("is_start_request"):
+        queue = settings.get("SCHEDULER_START_DISK_QUEUE") or queue
     try:
         data = request.to_dict(spider=crawler.spider)
-        if uses_marshal:
+        if _marshals(queue):
             marshal.dumps(data)
         else:
             pickle.dumps(data, protocol=4)
     except Exception:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=16)
+def _marshals(queue: Any) -> bool:
+    """Whether the disk queue class *queue* (or its import path) stores with marshal."""
+    from scrapy import squeues
+
+    queue_cls = load_object(queue) if isinstance(queue, str) else queue
+    marshal_queues = tuple(
+        cls
+        for name, cls in vars(squeues).items()
+        if name.startswith("Marshal") and isinstance(cls, type)
+    )
+    return isinstance(queue_cls, type) and issubclass(queue_cls, marshal_queues)
 
 
 def restore_filtering(request: Request) -> None:

@@ -10,6 +10,7 @@ path of one request is :mod:`slotkit.request_path`).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary, WeakSet
@@ -17,6 +18,7 @@ from weakref import WeakKeyDictionary, WeakSet
 from scrapy import signals
 from scrapy.core.downloader.handlers import DownloadHandlers
 from scrapy.core.downloader.middleware import DownloaderMiddlewareManager
+from scrapy.utils.datatypes import LocalCache
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.job import job_dir
@@ -48,7 +50,7 @@ from slotkit.scope_control import ScopeControl
 from slotkit.scope_entries import forget_setting_warnings
 from slotkit.scope_managers import check_scope_managers
 from slotkit.setting_names import warn_unknown_setting_names
-from slotkit.settings import DOMAIN, ThrottlingSettings
+from slotkit.settings import ThrottlingSettings
 from slotkit.slots import SlotsView, SlotView, view_of
 from slotkit.stats import ThrottlingStats
 from slotkit.status import StatusReporter
@@ -60,6 +62,11 @@ if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
 __all__ = ["Downloader"]
+
+logger = logging.getLogger("slotkit")
+
+#: Scope kinds remembered for ids a request said are sites (see ScopeControl._kind_of).
+KIND_HINTS_KEPT = 100_000
 
 
 class Downloader(ScopeControl, SpiderClosing, RequestPath):
@@ -104,7 +111,10 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
             AddressLookups.for_crawl(self._clock, crawler.settings) if self.ip_concurrency else None
         )
         self._default_delay: float | None = None
-        self._kind_hints: dict[str, str] = dict.fromkeys(self.config.slots, DOMAIN)
+        #: Scope id -> kind, for ids a request said are sites (see _kind_of);
+        #: the oldest go first past KIND_HINTS_KEPT (a broad crawl's download_slot
+        #: values would grow it for good).
+        self._kind_hints: LocalCache[str, str] = LocalCache(KIND_HINTS_KEPT)
         self._site_scope_joins: dict[tuple[str, str], bool] = {}
         self.stats = ThrottlingStats(crawler.stats, self.config.warn_threshold)
         self.gate = Gate(self._clock, on_dispatch=self._dispatched)
@@ -169,6 +179,17 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
                 self._live_scopes,
                 self._resending,
             )
+        )
+        # Scrapy names no DOWNLOADER in its log: this line tells a user it is on.
+        logger.info(
+            "slotkit: %s throttles by scope (CONCURRENT_REQUESTS_PER_DOMAIN=%d, "
+            "DOWNLOAD_DELAY=%g, %s); `python -m slotkit explain <url>` shows a URL's limits",
+            type(self).__name__,
+            self.domain_concurrency,
+            self.config.delay,
+            "slotkit's scheduler"
+            if uses_throttling_scheduler(crawler.settings)
+            else "Scrapy's scheduler",
         )
 
     @property

@@ -8,6 +8,7 @@ group requests differently; the helpers :func:`scope_cache`,
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Collection, Iterator
 from dataclasses import replace
@@ -236,16 +237,26 @@ class ThrottlingManager:
         """:meth:`get_response_delay`, checked when a subclass overrides it: a
         header's raw bytes (``response.headers.get(...)``) would otherwise fail
         the request with a bare ``TypeError`` from deep inside the backoff."""
-        wait = self.get_response_delay(response)
-        if wait is None or type(self).get_response_delay is ThrottlingManager.get_response_delay:
+        method = self.get_response_delay
+        wait = method(response)
+        if (
+            wait is None
+            or getattr(method, "__func__", None) is ThrottlingManager.get_response_delay
+        ):
             return wait
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
+        seconds = math.nan
+        if not isinstance(wait, (bool, str, bytes)):
+            # Any real number will do: Fraction, Decimal, numpy's floats.
+            with contextlib.suppress(TypeError, ValueError, OverflowError):
+                seconds = float(wait)
+        if not 0 <= seconds < math.inf:
+            owner = getattr(method, "__self__", self)
             raise ValueError(
-                f"{type(self).__name__}.get_response_delay() must return None or a finite "
+                f"{type(owner).__name__}.get_response_delay() must return None or a finite "
                 f"number of seconds >= 0, got {wait!r} (a header's value is bytes: "
                 "convert it with float(), and return None when it is missing or unusable)"
             )
-        return float(wait)
+        return seconds
 
     def _hint(self, response: Response) -> RateLimitHint:
         """The rate-limit headers of *response*, parsed once per response."""

@@ -26,6 +26,7 @@ from slotkit.scope_ids import (
     AUTO_SLOT,
     DOWNLOAD_SLOT,
     held_site_ids,
+    is_single_label_site,
     normalize_scopes,
     scope_kind,
 )
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
     from scrapy import Request
     from scrapy.crawler import Crawler
+    from scrapy.utils.datatypes import LocalCache
     from twisted.internet.interfaces import IReactorTime
 
     from slotkit.backoff import BackoffRules
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
     from slotkit.stats import ThrottlingStats
 
 logger = logging.getLogger("slotkit")
+
+#: Answers kept of whether a robots.txt site joins a request's first scope.
+SITE_JOINS_KEPT = 10_000
 
 __all__ = ["ScopeControl"]
 
@@ -64,7 +69,7 @@ class ScopeControl:
     stats: ThrottlingStats
     crawl_delays: CrawlDelays | None
     _default_delay: float | None
-    _kind_hints: dict[str, str]
+    _kind_hints: LocalCache[str, str]
     #: (first scope, site) -> whether the site's Crawl-delay scope joins (see _add_site_scope).
     _site_scope_joins: dict[tuple[str, str], bool]
     _saved: dict[str, dict[str, float]]
@@ -98,16 +103,10 @@ class ScopeControl:
         if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
             self._kind_hints.setdefault(str(slot), DOMAIN)
         for scope_id in scopes:
-            # A single-label host ("vm", a docker-compose service, an intranet
-            # name) has no dot to tell it from a custom scope such as "api";
-            # being the request's own host says it is a site. An IPv6 address
-            # has no dot either, but is an address: its scope stays an IP scope
-            # (CONCURRENT_REQUESTS_PER_IP, shared with the names that resolve to it).
             if (
-                "." not in scope_id
+                "." not in scope_id  # the cheap test first: most ids are host names
                 and scope_id not in self._kind_hints
-                and scope_id == urlparse_cached(request).hostname
-                and scope_kind(scope_id) != IP
+                and is_single_label_site(scope_id, urlparse_cached(request).hostname)
             ):
                 self._kind_hints[scope_id] = DOMAIN
         self._add_derived_scopes(request, scopes)
@@ -148,6 +147,8 @@ class ScopeControl:
                 _, warning = apply_crawl_delay(config, delay)
                 if warning:
                     crawl_delays.warn_once(first, warning)
+            if len(self._site_scope_joins) >= SITE_JOINS_KEPT:
+                self._site_scope_joins.clear()  # a cache: worked out again when needed
             self._site_scope_joins[(first, site)] = joins
         if joins:
             self._kind_hints.setdefault(site, DOMAIN)
@@ -219,7 +220,7 @@ class ScopeControl:
         caller already has it.
         """
         if kind is None:
-            kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
+            kind = self._kind_of(scope_id)
         config = self.config.scope_config(scope_id, kind)
         if self._default_delay is not None and config.sources.get("delay") == "default":
             config = replace(config, delay=self._default_delay)
@@ -231,8 +232,17 @@ class ScopeControl:
                 self.crawl_delays.warn_once(scope_id, warning)
         return config
 
+    def _kind_of(self, scope_id: str) -> str:
+        """The kind of scope *scope_id*: a site when a request said so (its
+        ``download_slot``, its single-label host, a robots.txt site) or when
+        it is a ``DOWNLOAD_SLOTS`` key, else what its id looks like."""
+        hinted = self._kind_hints.get(scope_id)
+        if hinted is not None:
+            return hinted
+        return DOMAIN if scope_id in self.config.slots else scope_kind(scope_id)
+
     def _new_scope(self, scope_id: str) -> Scope:
-        kind = self._kind_hints.get(scope_id) or scope_kind(scope_id)
+        kind = self._kind_of(scope_id)
         manager = create_scope_manager(self.crawler, self.scope_config(scope_id, kind), scope_id)
         saved = self._saved.pop(scope_id, None)
         if saved is not None and callable(getattr(manager, "import_state", None)):
@@ -262,13 +272,10 @@ class ScopeControl:
     def _evicted(self, scope: Scope) -> None:
         self.stats.inc("scopes_evicted")
         self._evicted_recoveries += int(getattr(scope.manager, "recoveries", 0))
-        # What is kept per scope id goes with the scope, or a broad crawl's
-        # memory grows with every scope it ever saw (THROTTLING_SCOPE_LIMIT
-        # bounds it). Hints come back with the next request that needs them,
-        # before its scope is made again; DOWNLOAD_SLOTS keys' stay for good.
+        # A scope made again starts counting its recoveries from 0. (Kind hints
+        # stay: delay_scope(), slots[...] and a manager's backoff can make a
+        # scope again with no request to give its kind; they are bounded.)
         self._recoveries_seen.pop(scope.id, None)
-        if scope.id not in self.config.slots:
-            self._kind_hints.pop(scope.id, None)
 
     def hold_scope(self, scope_id: str, seconds: float) -> None:
         """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped.

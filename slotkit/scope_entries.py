@@ -18,6 +18,7 @@ from scrapy.utils.misc import load_object
 from slotkit.backoff import BACKOFF_KEYS
 from slotkit.validation import (
     _WARNED_JITTER,
+    SCOPE_KEY_ALIASES,
     SettingsError,
     _closest,
     _describe,
@@ -115,7 +116,9 @@ def validate_scope_entry(setting: str, scope: object, entry: object) -> dict[str
                 f"(got {_describe(value)}); accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
             )
         if key not in SCOPE_KEYS:
-            raise _nested_key(where, key, value) or unknown_key(where, key, SCOPE_KEYS)
+            raise _nested_key(where, key, value) or unknown_key(
+                where, key, SCOPE_KEYS, SCOPE_KEY_ALIASES
+            )
         if key == "concurrency":
             result[key] = _integer(f"{where}['concurrency']", value, minimum=1)
         elif key == "min_concurrency":
@@ -259,7 +262,7 @@ def slot_entry(key: str, entry: object) -> dict[str, Any]:
                 "%s has an unknown key %r%s; ignored, as Scrapy does (accepted keys: %s)",
                 where,
                 name,
-                _closest(str(name), SLOT_KEYS),
+                _closest(str(name), SLOT_KEYS, aliases=SCOPE_KEY_ALIASES),
                 ", ".join(sorted(SLOT_KEYS)),
             )
             continue

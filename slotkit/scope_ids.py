@@ -82,6 +82,18 @@ def scope_kind(scope_id: str) -> str:
     return CUSTOM
 
 
+def is_single_label_site(scope_id: str, host: str | None) -> bool:
+    """Whether *scope_id* is the request's own single-label *host*.
+
+    A host such as ``vm`` (a docker-compose service, an intranet name) has no
+    dot to tell it from a custom scope such as ``api``; being the request's
+    own host says it is a site. An IPv6 address has no dot either, but is an
+    address: its scope stays an IP scope (``CONCURRENT_REQUESTS_PER_IP``,
+    shared with the names that resolve to it).
+    """
+    return "." not in scope_id and scope_id == host and scope_kind(scope_id) != IP
+
+
 def host_of_netloc(scope_id: str) -> str | None:
     """The host of a ``host:port`` scope id (``"[::1]:8080"`` gives ``"::1"``), else ``None``.
 

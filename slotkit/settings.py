@@ -206,7 +206,8 @@ class ThrottlingSettings:
         if not isinstance(grouping, str) or grouping not in DOMAIN_GROUPINGS:
             raise SettingsError(
                 f"THROTTLING_DOMAIN_GROUPING must be one of {', '.join(sorted(DOMAIN_GROUPINGS))} "
-                f"(got {_describe(grouping)}){_closest(str(grouping), DOMAIN_GROUPINGS)}"
+                f"(got {_describe(grouping)})"
+                f"{_closest(str(grouping), DOMAIN_GROUPINGS, words=False)}"
             )
         delay = _number("DOWNLOAD_DELAY", settings.get("DOWNLOAD_DELAY", 0.0))
         if autothrottle is not None and autothrottle.delay is not None:
@@ -294,7 +295,8 @@ class ThrottlingSettings:
         # Here, not at the top: slotkit.scope_ids imports this module.
         from slotkit.scope_ids import scope_kind
 
-        kind = scope_kind(scope)
+        # DOWNLOAD_SLOTS keys are sites, as the downloader has them.
+        kind = DOMAIN if scope in self.slots else scope_kind(scope)
         config = self.scope_config(scope, kind)
         source = config.sources.get("concurrency", "default")
         if source == CAPPED_SOURCE:
@@ -302,7 +304,12 @@ class ThrottlingSettings:
         elif source == "default":
             source = "CONCURRENT_REQUESTS_PER_DOMAIN"
             if kind == CUSTOM:
-                source = "THROTTLING_SCOPE_CONCURRENCY"
+                # "vm" may be a custom scope, or a request's single-label host.
+                source = (
+                    f"THROTTLING_SCOPE_CONCURRENCY, if {scope!r} is a custom scope; as a "
+                    "request's host it is a site's, with CONCURRENT_REQUESTS_PER_DOMAIN "
+                    f"= {self.domain_concurrency}"
+                )
             elif kind == IP and self.ip_concurrency:
                 source = "CONCURRENT_REQUESTS_PER_IP"
         return config.concurrency, source

@@ -11,6 +11,7 @@ import difflib
 import json
 import logging
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ def _describe(value: object) -> str:
     return f"{value!r}, a {type(value).__name__}"
 
 
-#: Keys written for another one, after Scrapy's names or other tools' (lower case).
-_MEANT = {
+#: Scope option names written for another one, after Scrapy's names or
+#: other tools' (lower case): for THROTTLING_SCOPES and DOWNLOAD_SLOTS entries.
+SCOPE_KEY_ALIASES = {
     "max_concurrency": "concurrency",  # the ceiling; "min_concurrency" is rampup's floor
     "concurrent_requests": "concurrency",
     "download_delay": "delay",
@@ -57,29 +59,36 @@ _MEANT = {
 }
 
 
-def _closest(key: str, choices: frozenset[str]) -> str:
+def _closest(
+    key: str,
+    choices: frozenset[str],
+    *,
+    aliases: Mapping[str, str] | None = None,
+    words: bool = True,
+) -> str:
     """``"; did you mean X?"`` for the accepted key *key* was likely meant as, or ``""``.
 
-    Known stand-ins first (``max_concurrency`` is the ceiling, not a typo of
-    ``min_concurrency``), then the same key in another case, then a close
-    spelling of the whole key or of one of its words (``facter`` for
-    ``delay_factor``).
+    Known stand-ins first (*aliases*: ``max_concurrency`` is the ceiling, not
+    a typo of ``min_concurrency``), then the same key in another case, then a
+    close spelling of the whole key, then (with *words*) of a word that only
+    one choice has (``facter`` for ``delay_factor``).
     """
     lowered = key.lower()
     by_lower = {choice.lower(): choice for choice in choices}
-    meant = _MEANT.get(lowered)
+    meant = (aliases or {}).get(lowered)
     if meant is None or meant not in choices:
         meant = by_lower.get(lowered)
     if meant is None:
         match = difflib.get_close_matches(lowered, sorted(by_lower), n=1, cutoff=0.6)
         meant = by_lower[match[0]] if match else None
-    if meant is None:
-        words: dict[str, str] = {}
-        for choice in sorted(choices):
+    if meant is None and words:
+        owners: dict[str, set[str]] = {}
+        for choice in choices:
             for word in choice.lower().split("_"):
-                words.setdefault(word, choice)
-        match = difflib.get_close_matches(lowered, sorted(words), n=1, cutoff=0.75)
-        meant = words[match[0]] if match else None
+                owners.setdefault(word, set()).add(choice)
+        unique = {word: next(iter(found)) for word, found in owners.items() if len(found) == 1}
+        match = difflib.get_close_matches(lowered, sorted(unique), n=1, cutoff=0.75)
+        meant = unique[match[0]] if match else None
     return f"; did you mean {meant!r}?" if meant else ""
 
 
@@ -214,10 +223,12 @@ def _at_most(where: str, jitter: float) -> float:
     return jitter
 
 
-def unknown_key(where: str, key: object, accepted: frozenset[str]) -> SettingsError:
+def unknown_key(
+    where: str, key: object, accepted: frozenset[str], aliases: Mapping[str, str] | None = None
+) -> SettingsError:
     """The error for a key *where* does not take, with the closest accepted one."""
     return SettingsError(
-        f"{where} has an unknown key {key!r}{_closest(str(key), accepted)} "
+        f"{where} has an unknown key {key!r}{_closest(str(key), accepted, aliases=aliases)} "
         f"(accepted keys: {', '.join(sorted(accepted))})"
     )
 

@@ -656,17 +656,21 @@ def test_migrate_prints_the_equivalents(capsys: pytest.CaptureFixture[str]) -> N
     assert "THROTTLING_SCOPES = {'a.example': {'delay': 3}}" in out
 
 
-def test_an_address_in_the_url_is_explained_as_the_ip_scope_the_crawl_uses(capsys):
+@pytest.mark.parametrize(("url", "scope"), [("127.0.0.1:8124", "127.0.0.1"), ("[::1]:8124", "::1")])
+def test_an_address_in_the_url_is_explained_as_the_ip_scope_the_crawl_uses(capsys, url, scope):
     """With CONCURRENT_REQUESTS_PER_IP, a URL's own address is an IP scope limited by it
-    (as the downloader has it); the setting is known; names get a note about the lookup."""
-    args = ["explain", "--json", "http://127.0.0.1:8124/x", "-s", "CONCURRENT_REQUESTS_PER_IP=1"]
+    (as the downloader has it); the setting is known; names get a note about the lookup.
+    An IPv6 address, which has no dot, was explained as a single-label site."""
+    args = ["explain", "--json", f"http://{url}/x", "-s", "CONCURRENT_REQUESTS_PER_IP=1"]
     assert main(args) == 0
     captured = capsys.readouterr()
     assert "not a setting" not in captured.err
     data = json.loads(captured.out)
-    assert scope_of(data, "127.0.0.1")["kind"] == "ip"
-    value, source = limit(data, "127.0.0.1", "concurrency")
+    assert scope_of(data, scope)["kind"] == "ip"
+    value, source = limit(data, scope, "concurrency")
     assert (value, source.split()[0]) == (1, "CONCURRENT_REQUESTS_PER_IP")
+    if scope != "127.0.0.1":
+        return
     assert any("looked up once" in note for note in data["notes"])
     plain = explain_json(capsys, "http://127.0.0.1:8124/x")
     assert limit(plain, "127.0.0.1", "concurrency")[0] == 8

@@ -35,7 +35,7 @@ from slotkit import (
 )
 from slotkit.manager import AUTO_SLOT, DOWNLOAD_SLOT
 from slotkit.scope_managers import ScopeManagerError
-from slotkit.settings import IP, SettingsError
+from slotkit.settings import DOMAIN, IP, SettingsError
 from slotkit.slots import SlotView
 
 ONE_DELAY = 1.0
@@ -1083,12 +1083,38 @@ class RawWaitHeaderManager(ThrottlingManager):
         return response.headers.get("X-Wait", b"5")  # type: ignore[return-value]
 
 
+class DuckWaitManager:
+    """A manager of its own (no ThrottlingManager base) with the same mistake."""
+
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+
+    def get_scopes(self, request: Request) -> str:
+        return urlparse_cached(request).hostname or ""
+
+    def get_response_delay(self, response: Response) -> Any:
+        return b"5"
+
+
+class HugeWaitManager(ThrottlingManager):
+    def get_response_delay(self, response: Response) -> float | None:
+        return 10**400  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("manager", "named"),
+    [
+        (RawWaitHeaderManager, "RawWaitHeaderManager"),
+        (DuckWaitManager, "DuckWaitManager"),
+        (HugeWaitManager, "HugeWaitManager"),
+    ],
+)
 @pytest_twisted.ensureDeferred
-async def test_an_unusable_get_response_delay_is_named():
+async def test_an_unusable_get_response_delay_is_named(manager: type, named: str):
     """An override of get_response_delay returning bytes fails the request with
     an error naming the method and its class, as get_response_backoff's bad
     values do; an acceptance probe saw a bare TypeError from deep inside."""
-    downloader, _clock = make_downloader({"THROTTLING_MANAGER": RawWaitHeaderManager})
+    downloader, _clock = make_downloader({"THROTTLING_MANAGER": manager})
     request = Request("https://a.example/1")
     box = outcome(downloader.fetch(request))
     await settle()
@@ -1096,17 +1122,47 @@ async def test_an_unusable_get_response_delay_is_named():
     await settle()
     assert isinstance(box[0], Failure)
     assert box[0].check(ValueError)
-    message = str(box[0].value)
-    assert "RawWaitHeaderManager.get_response_delay() must return None or a finite" in message
-    assert "b'5'" in message
+    assert f"{named}.get_response_delay() must return None or a finite" in str(box[0].value)
+    downloader.close()
+
+
+class FractionWaitManager(ThrottlingManager):
+    def get_response_delay(self, response: Response) -> float | None:
+        from fractions import Fraction
+
+        return Fraction(3, 2)  # type: ignore[return-value]
+
+
+@pytest_twisted.ensureDeferred
+async def test_any_real_number_from_get_response_delay_is_a_wait():
+    """A Fraction (or Decimal, numpy float) is a number of seconds: it holds the scope."""
+    downloader, clock = make_downloader({"THROTTLING_MANAGER": FractionWaitManager})
+    handler = handler_of(downloader)
+    first, second = Request("https://a.example/1"), Request("https://a.example/2")
+    box = outcome(downloader.fetch(first))
+    await settle()
+    handler.finish(first.url, status=429)
+    await settle()
+    assert not isinstance(box[0], Failure)
+    outcome(downloader.fetch(second))
+    await settle()
+    clock.advance(1.4)
+    await settle()
+    assert second.url not in handler.started
+    clock.advance(0.2)
+    await settle()
+    assert second.url in handler.started
+    handler.finish(second.url)
+    await settle()
     downloader.close()
 
 
 @pytest_twisted.ensureDeferred
-async def test_per_scope_bookkeeping_goes_with_evicted_scopes():
-    """What the downloader keeps per scope id is dropped with the scope:
-    an acceptance probe saw the kind hints of 40,000 download_slot values
-    kept while THROTTLING_SCOPE_LIMIT held the registry at 1,000."""
+async def test_per_scope_bookkeeping_is_bounded_on_a_broad_crawl(monkeypatch):
+    """What the downloader keeps per scope id does not grow with every scope
+    seen: an acceptance probe saw the kind hints of 40,000 download_slot
+    values kept while THROTTLING_SCOPE_LIMIT held the registry at 1,000."""
+    monkeypatch.setattr("slotkit.downloader.KIND_HINTS_KEPT", 4)
     downloader, _clock = make_downloader(
         {"THROTTLING_SCOPE_LIMIT": 2, "THROTTLING_DEBUG": True, "DOWNLOAD_SLOTS": {"kept": {}}}
     )
@@ -1118,6 +1174,35 @@ async def test_per_scope_bookkeeping_goes_with_evicted_scopes():
         handler.finish(request.url)
         await settle()
     assert len(downloader.registry) <= 3
-    assert set(downloader._kind_hints) <= {"kept", *downloader.registry}
+    assert len(downloader._kind_hints) <= 4
     assert set(downloader._recoveries_seen) <= set(downloader.registry)
+    assert downloader.registry.get("kept").kind == DOMAIN  # a DOWNLOAD_SLOTS key, always
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_site_scope_made_again_without_a_request_stays_a_site():
+    """A single-label host's scope evicted, then made again by delay_scope()
+    (no request to say it is a site), keeps CONCURRENT_REQUESTS_PER_DOMAIN:
+    dropping its kind hint with the scope made it a custom scope of 1."""
+    downloader, _clock = make_downloader(
+        {"THROTTLING_SCOPE_LIMIT": 2, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
+    )
+    handler = handler_of(downloader)
+    for url in (
+        "https://vm/1",
+        "https://b.example/1",
+        "https://c.example/1",
+        "https://d.example/1",
+    ):
+        request = Request(url)
+        outcome(downloader.fetch(request))
+        await settle()
+        handler.finish(url)
+        await settle()
+    assert downloader.registry.peek("vm") is None  # evicted
+    downloader.manager.delay_scope("vm", 5)
+    scope = downloader.registry.peek("vm")
+    assert scope is not None
+    assert (scope.kind, downloader.slots["vm"].concurrency) == (DOMAIN, 8)
     downloader.close()

@@ -334,3 +334,35 @@ async def test_a_held_request_the_job_cannot_store_fails_at_a_pause(
     assert [error.type for error in first.errors] == ["GateClosedError"]
     assert first.stats.get("throttling/requests_requeued", 0) == 0
     assert "1 cannot be saved there" in first.log_text
+
+
+@pytest.mark.parametrize(
+    ("settings", "start", "saved"),
+    [
+        ({}, False, True),  # Scrapy's pickle queues take a datetime
+        ({"SCHEDULER_DISK_QUEUE": "scrapy.squeues.MarshalFifoDiskQueue"}, False, False),
+        # Start requests go to SCHEDULER_START_DISK_QUEUE, pickle by default.
+        ({"SCHEDULER_DISK_QUEUE": "scrapy.squeues.MarshalLifoDiskQueue"}, True, True),
+        ({"SCHEDULER_START_DISK_QUEUE": "scrapy.squeues.MarshalFifoDiskQueue"}, True, False),
+    ],
+)
+def test_what_the_jobs_disk_queue_cannot_store_is_known(
+    settings: dict[str, Any], start: bool, saved: bool
+) -> None:
+    """A datetime in the meta pickles but does not marshal: with a marshal
+    queue the request would be lost in the memory queue at a pause (a review:
+    every Scrapy queue class is named ScrapyRequestQueue, so the name said
+    nothing)."""
+    import datetime
+
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from slotkit.closing import can_be_saved
+
+    crawler = get_crawler(Spider, settings_dict=settings)
+    crawler.spider = crawler._create_spider("jobs")
+    meta: dict[str, Any] = {"when": datetime.datetime(2026, 1, 1)}
+    if start:
+        meta["is_start_request"] = True
+    assert can_be_saved(Request("https://a.example/", meta=meta), crawler) is saved

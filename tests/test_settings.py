@@ -844,3 +844,24 @@ def test_a_floor_above_the_concurrency_from_elsewhere_is_warned_about(
         "THROTTLING_SCOPES['h.test']['min_concurrency'] (3) is above the scope's "
         f"concurrency (2, from {source}); it is lowered to 2"
     ) in caplog.text
+
+
+def test_a_download_slots_key_with_a_floor_is_a_site(caplog: pytest.LogCaptureFixture):
+    """DOWNLOAD_SLOTS keys are sites whatever their id looks like: 'api' with a
+    min_concurrency of 4 gets CONCURRENT_REQUESTS_PER_DOMAIN (8), not the
+    custom scopes' 1 the warning assumed (a review)."""
+    forget_setting_warnings()
+    with caplog.at_level(logging.WARNING, logger="slotkit"):
+        read(
+            {
+                "DOWNLOAD_SLOTS": {"api": {"delay": 0.5}},
+                "THROTTLING_SCOPES": {"api": {"min_concurrency": 4}},
+            }
+        )
+    assert "min_concurrency" not in caplog.text
+
+
+def test_a_grouping_is_not_guessed_from_one_word():
+    """'subdomain' means per host, not 'registrable_domain', which shares a word."""
+    message = refuse({"THROTTLING_DOMAIN_GROUPING": "subdomain"})
+    assert "did you mean" not in message

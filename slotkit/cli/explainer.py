@@ -117,6 +117,7 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
         normalize_scopes,
         scope_kind,
     )
+    from slotkit.scope_ids import is_single_label_site
     from slotkit.scope_managers import check_scope_managers
     from slotkit.settings import DOMAIN, SettingsError, ThrottlingSettings
     from slotkit.status import DEFAULT_INTERVAL
@@ -181,7 +182,7 @@ def explain(url: str, settings: Settings, meta: Mapping[str, Any] | None = None)
         site_like = (
             scope_id in config.slots
             or scope_id == user_slot
-            or (scope_id == host and "." not in scope_id)
+            or is_single_label_site(scope_id, host)
         )
         kind = DOMAIN if site_like else scope_kind(scope_id)
         explained.append(_explain_scope(context, scope_id, kind, index == 0, amount))
