@@ -166,6 +166,8 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self._default_get_scopes = type(self.manager).get_scopes is ThrottlingManager.get_scopes
         #: THROTTLING_DEBUG only: recoveries already logged, per scope id.
         self._recoveries_seen: dict[str, int] = {}
+        #: THROTTLING_DEBUG only: rampup's (concurrency, delay) last logged, per scope id.
+        self._rampup_seen: dict[str, tuple[int, float]] = {}
         #: Says once per crawl which meta keys look misspelt.
         self._meta_keys = MetaKeyCheck()
         #: Scrapy's own scheduler only: says once when slowed sites fill every place.

@@ -190,9 +190,7 @@ class Feedback:
                     f" to {delay:.3g} s between requests" if isinstance(delay, float) else "",
                 )
         if self._config.debug:
-            logger.debug(
-                "slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager
-            )
+            logger.info("slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager)
         return True
 
     def is_signal(self, response: Response, backoff: Mapping[str, ScopeBackoff] | None) -> bool:

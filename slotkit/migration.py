@@ -71,6 +71,9 @@ class AutoThrottleMapping:
     max_delay: float | None
     debug: bool
     rampup: bool
+    #: The project's own DOWNLOAD_DELAY: AutoThrottle never went below it, so
+    #: neither does the rampup standing in for it.
+    min_delay: float = 0.0
 
 
 def _float(settings: BaseSettings, name: str, default: float) -> float:
@@ -94,7 +97,8 @@ def autothrottle_mapping(settings: BaseSettings) -> AutoThrottleMapping | None:
     if not _bool(settings, "AUTOTHROTTLE_ENABLED"):
         return None
     start = _float(settings, "AUTOTHROTTLE_START_DELAY", 5.0)
-    delay = max(_float(settings, "DOWNLOAD_DELAY", 0.0), start)
+    own = _float(settings, "DOWNLOAD_DELAY", 0.0)
+    delay = max(own, start)
     max_delay = None
     if not _explicit(settings, "BACKOFF_MAX_DELAY"):
         max_delay = _float(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0)
@@ -103,6 +107,7 @@ def autothrottle_mapping(settings: BaseSettings) -> AutoThrottleMapping | None:
         max_delay=max_delay,
         debug=_bool(settings, "AUTOTHROTTLE_DEBUG"),
         rampup=_float(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0) > 0,
+        min_delay=own,
     )
 
 
@@ -127,9 +132,14 @@ def _autothrottle_changes(settings: BaseSettings) -> list[Change]:
         _max_delay_change(settings),
         Change(
             "example: THROTTLING_SCOPES",
-            {"example.com": {"rampup": True}},
+            {"example.com": {"rampup": {"min_delay": own} if own > 0 else True}},
             "from AUTOTHROTTLE_TARGET_CONCURRENCY: rampup probes for the fastest rate a site "
-            "tolerates, reacting to 429/5xx instead of latency",
+            "tolerates, reacting to 429/5xx instead of latency"
+            + (
+                f"; min_delay keeps DOWNLOAD_DELAY = {own!r} its floor, as AutoThrottle did"
+                if own > 0
+                else ""
+            ),
         ),
     ]
     if settings.getbool("AUTOTHROTTLE_DEBUG"):

@@ -76,6 +76,7 @@ class ScopeControl:
     _evicted_recoveries: int
     _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
     _recoveries_seen: dict[str, int]
+    _rampup_seen: dict[str, tuple[int, float]]
     _scopes_wait: WeakSet[Request]
     _default_get_scopes: bool
     _get_scopes: Callable[[Request], Any]
@@ -248,7 +249,7 @@ class ScopeControl:
         if saved is not None and callable(getattr(manager, "import_state", None)):
             manager.import_state(saved, self._clock.seconds())
         if self.config.debug:
-            logger.debug("slotkit: new scope %r: %r", scope_id, manager)
+            logger.info("slotkit: new scope %r: %r", scope_id, manager)
         return Scope(scope_id, manager, kind)
 
     def _crawl_delay_found(self, site: str, delay: float) -> None:
@@ -276,6 +277,7 @@ class ScopeControl:
         # stay: delay_scope(), slots[...] and a manager's backoff can make a
         # scope again with no request to give its kind; they are bounded.)
         self._recoveries_seen.pop(scope.id, None)
+        self._rampup_seen.pop(scope.id, None)
 
     def hold_scope(self, scope_id: str, seconds: float) -> None:
         """Hold every request of *scope_id* for *seconds* (``delay_scope``); not capped.
@@ -347,25 +349,39 @@ class ScopeControl:
         return self.config.backoff_config(scope_id)
 
     def _log_recoveries(self, scopes: Sequence[Scope]) -> None:
-        """THROTTLING_DEBUG: say when a scope stepped back from its backoff.
+        """THROTTLING_DEBUG: say when a scope stepped back from its backoff,
+        and when rampup moved its concurrency or delay.
 
-        Scope managers are pure and do not log; a recovery is applied when
-        the scope is next asked, so the dispatch that follows is where it
-        shows.
+        Scope managers are pure and do not log; a recovery or rampup step is
+        applied when the scope is next asked, so the dispatch that follows is
+        where it shows.
         """
         for scope in scopes:
-            recoveries = getattr(scope.manager, "recoveries", None)
-            if not isinstance(recoveries, int):
-                continue
-            seen = self._recoveries_seen.get(scope.id, 0)
-            if recoveries > seen:
-                logger.debug(
-                    "slotkit: scope %r recovered %d backoff step(s): %r",
-                    scope.id,
-                    recoveries - seen,
-                    scope.manager,
-                )
-            self._recoveries_seen[scope.id] = recoveries
+            manager = scope.manager
+            recoveries = getattr(manager, "recoveries", None)
+            if isinstance(recoveries, int):
+                seen = self._recoveries_seen.get(scope.id, 0)
+                if recoveries > seen:
+                    logger.info(
+                        "slotkit: scope %r recovered %d backoff step(s): %r",
+                        scope.id,
+                        recoveries - seen,
+                        manager,
+                    )
+                self._recoveries_seen[scope.id] = recoveries
+            if getattr(manager, "rampup", None) is not None:
+                pace = (getattr(manager, "concurrency", 0), getattr(manager, "delay", 0.0))
+                before = self._rampup_seen.get(scope.id)
+                if before is not None and pace != before:
+                    logger.info(
+                        "slotkit: scope %r rampup: concurrency %d -> %d, delay %.3g s -> %.3g s",
+                        scope.id,
+                        before[0],
+                        pace[0],
+                        before[1],
+                        pace[1],
+                    )
+                self._rampup_seen[scope.id] = pace
 
 
 def _faster_than_robots(written: dict[str, float], crawl_delay: float) -> str:

@@ -354,7 +354,7 @@ class ThrottlingSettings:
             "quota": None,
             "window": self.window,
             # AutoThrottle steered every slot; a site may be a name or an address.
-            "rampup": {}
+            "rampup": {"min_delay": self.autothrottle.min_delay}
             if kind != CUSTOM and self.autothrottle and self.autothrottle.rampup
             else None,
             "ignore_robots_txt": False,

@@ -38,6 +38,19 @@ def test_mapping_applies_to_scope_configs() -> None:
     assert settings.scope_config("127.0.0.1", "ip").rampup is not None
 
 
+def test_the_mapped_rampup_never_goes_below_the_projects_download_delay() -> None:
+    """AutoThrottle never set a delay below DOWNLOAD_DELAY; the mapping's rampup
+    took a 0.5 s DOWNLOAD_DELAY down to 0 (an acceptance probe: 58 requests a
+    second against a floor of 2). The migrate report keeps the floor too."""
+    values = {**AUTOTHROTTLE, "DOWNLOAD_DELAY": 0.05}
+    config = ThrottlingSettings.from_settings(Settings(values)).scope_config("a.test", "domain")
+    assert config.rampup is not None
+    assert config.rampup.min_delay == 0.05
+    text = format_report(migration_report(Settings(values)))
+    assert "'rampup': {'min_delay': 0.05}" in text
+    assert "min_delay keeps DOWNLOAD_DELAY = 0.05 its floor" in text
+
+
 def test_explicit_slotkit_settings_win() -> None:
     """An explicit BACKOFF_MAX_DELAY is kept over AUTOTHROTTLE_MAX_DELAY."""
     values = {**AUTOTHROTTLE, "BACKOFF_MAX_DELAY": 42.0}

@@ -1206,3 +1206,25 @@ async def test_a_site_scope_made_again_without_a_request_stays_a_site():
     assert scope is not None
     assert (scope.kind, downloader.slots["vm"].concurrency) == (DOMAIN, 8)
     downloader.close()
+
+
+def test_throttling_debug_tells_rampups_steps_at_info(caplog):
+    """THROTTLING_DEBUG (AUTOTHROTTLE_DEBUG's successor) says what rampup does,
+    at INFO as AutoThrottle's debug lines were: an acceptance probe saw a delay
+    go from 1 s to 0.03 s with no line of its own, and nothing at LOG_LEVEL=INFO."""
+    import logging
+
+    downloader, _clock = make_downloader(
+        {"THROTTLING_DEBUG": True, "THROTTLING_SCOPES": {"a.example": {"rampup": True}}}
+    )
+    scope = downloader.registry.get("a.example")
+    with caplog.at_level(logging.INFO, logger="slotkit"):
+        downloader._log_recoveries([scope])
+        scope.manager.concurrency += 1
+        scope.manager.delay = 0.25
+        downloader._log_recoveries([scope])
+    lines = [r for r in caplog.records if "rampup:" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.INFO]
+    assert "scope 'a.example' rampup: concurrency 1 -> 2" in lines[0].getMessage()
+    assert "-> 0.25 s" in lines[0].getMessage()
+    downloader.close()
