@@ -174,7 +174,10 @@ class Feedback:
         # A rampup scope within its target takes the trigger without a step;
         # managers that keep no step count (the shared one, most custom ones)
         # are taken to have stepped.
-        if not isinstance(steps_before, int) or getattr(manager, "steps", None) != steps_before:
+        stepped = (
+            not isinstance(steps_before, int) or getattr(manager, "steps", None) != steps_before
+        )
+        if stepped:
             self._stats.inc("backoff/steps")
             if not scope.backoff_logged:
                 # Once per scope: a newcomer saw a site go 16 times slower with
@@ -190,7 +193,13 @@ class Feedback:
                     f" to {delay:.3g} s between requests" if isinstance(delay, float) else "",
                 )
         if self._config.debug:
-            logger.info("slotkit: scope %r backs off after %s: %r", scope.id, reason, scope.manager)
+            logger.info(
+                "slotkit: scope %r %s after %s: %r",
+                scope.id,
+                "backs off" if stepped else "takes a trigger within its rampup target (no step)",
+                reason,
+                scope.manager,
+            )
         return True
 
     def is_signal(self, response: Response, backoff: Mapping[str, ScopeBackoff] | None) -> bool:
