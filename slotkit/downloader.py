@@ -166,7 +166,7 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self._default_get_scopes = type(self.manager).get_scopes is ThrottlingManager.get_scopes
         #: THROTTLING_DEBUG only: recoveries already logged, per scope id.
         self._recoveries_seen: dict[str, int] = {}
-        #: THROTTLING_DEBUG only: rampup's (concurrency, delay) last logged, per scope id.
+        #: THROTTLING_DEBUG only: rampup's step count (and delay) last seen, per scope id.
         self._rampup_seen: dict[str, tuple[int, float]] = {}
         #: Says once per crawl which meta keys look misspelt.
         self._meta_keys = MetaKeyCheck()
@@ -185,10 +185,11 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         # Scrapy names no DOWNLOADER in its log: this line tells a user it is on.
         logger.info(
             "slotkit: %s throttles by scope (CONCURRENT_REQUESTS_PER_DOMAIN=%d, "
-            "DOWNLOAD_DELAY=%g, %s); `python -m slotkit explain <url>` shows a URL's limits",
+            "delay %g s%s, %s); `python -m slotkit explain <url>` shows a URL's limits",
             type(self).__name__,
             self.domain_concurrency,
             self.config.delay,
+            "" if self.config.autothrottle is None else " from the AutoThrottle mapping",
             "slotkit's scheduler"
             if uses_throttling_scheduler(crawler.settings)
             else "Scrapy's scheduler",

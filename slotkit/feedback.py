@@ -196,7 +196,7 @@ class Feedback:
             logger.info(
                 "slotkit: scope %r %s after %s: %r",
                 scope.id,
-                "backs off" if stepped else "takes a trigger within its rampup target (no step)",
+                "backs off" if stepped else "takes a trigger without a backoff step",
                 reason,
                 scope.manager,
             )

@@ -251,8 +251,9 @@ class ThrottlingManager:
                 seconds = float(wait)
         if not 0 <= seconds < math.inf:
             owner = getattr(method, "__self__", self)
+            name = owner.__name__ if isinstance(owner, type) else type(owner).__name__
             raise ValueError(
-                f"{type(owner).__name__}.get_response_delay() must return None or a finite "
+                f"{name}.get_response_delay() must return None or a finite "
                 f"number of seconds >= 0, got {wait!r} (a header's value is bytes: "
                 "convert it with float(), and return None when it is missing or unusable)"
             )

@@ -31,7 +31,7 @@ from slotkit.scope_ids import (
     scope_kind,
 )
 from slotkit.scope_managers import create_scope_manager
-from slotkit.settings import DOMAIN, IP
+from slotkit.settings import CUSTOM, DOMAIN, IP
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -101,7 +101,12 @@ class ScopeControl:
             )
             scopes = normalize_scopes(raw, where=where, empty_ok=not from_meta)
         slot = meta.get(DOWNLOAD_SLOT)
-        if slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) in scopes:
+        if (
+            slot is not None
+            and slot != meta.get(AUTO_SLOT)
+            and str(slot) in scopes
+            and scope_kind(str(slot)) != DOMAIN  # a hint only where it changes the kind
+        ):
             self._kind_hints.setdefault(str(slot), DOMAIN)
         for scope_id in scopes:
             if (
@@ -152,7 +157,8 @@ class ScopeControl:
                 self._site_scope_joins.clear()  # a cache: worked out again when needed
             self._site_scope_joins[(first, site)] = joins
         if joins:
-            self._kind_hints.setdefault(site, DOMAIN)
+            if scope_kind(site) == CUSTOM:  # a single-label host; an address stays one
+                self._kind_hints.setdefault(site, DOMAIN)
             scopes[site] = None
 
     @staticmethod
@@ -369,19 +375,21 @@ class ScopeControl:
                         manager,
                     )
                 self._recoveries_seen[scope.id] = recoveries
-            if getattr(manager, "rampup", None) is not None:
+            rampup = getattr(manager, "rampup", None)
+            steps = getattr(rampup, "steps", None)
+            if isinstance(steps, int):
+                # Rampup's own steps only: a Crawl-delay or a slots[...] write
+                # also changes the pace, and is not rampup's doing.
                 pace = (getattr(manager, "concurrency", 0), getattr(manager, "delay", 0.0))
                 before = self._rampup_seen.get(scope.id)
-                if before is not None and pace != before:
+                if before is not None and steps > before[0]:
                     logger.info(
-                        "slotkit: scope %r rampup: concurrency %d -> %d, delay %.3g s -> %.3g s",
+                        "slotkit: scope %r rampup stepped up: concurrency %d, delay %.3g s",
                         scope.id,
-                        before[0],
                         pace[0],
-                        before[1],
                         pace[1],
                     )
-                self._rampup_seen[scope.id] = pace
+                self._rampup_seen[scope.id] = (steps, pace[1])
 
 
 def _faster_than_robots(written: dict[str, float], crawl_delay: float) -> str:

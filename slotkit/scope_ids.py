@@ -87,11 +87,18 @@ def is_single_label_site(scope_id: str, host: str | None) -> bool:
 
     A host such as ``vm`` (a docker-compose service, an intranet name) has no
     dot to tell it from a custom scope such as ``api``; being the request's
-    own host says it is a site. An IPv6 address has no dot either, but is an
-    address: its scope stays an IP scope (``CONCURRENT_REQUESTS_PER_IP``,
+    own host says it is a site, and so does ``host:port`` (a URL's ``netloc``,
+    as the spec's recipe returns it). An IPv6 address has no dot either, but is
+    an address: its scope stays an IP scope (``CONCURRENT_REQUESTS_PER_IP``,
     shared with the names that resolve to it).
     """
-    return "." not in scope_id and scope_id == host and scope_kind(scope_id) != IP
+    if "." in scope_id or not host or scope_kind(scope_id) == IP:
+        return False
+    if scope_id == host:
+        return True
+    # "svc:8080": a URL's netloc, as the spec's recipe returns it.
+    name, colon, port = scope_id.rpartition(":")
+    return bool(colon) and port.isdigit() and name == host
 
 
 def host_of_netloc(scope_id: str) -> str | None:

@@ -1096,6 +1096,12 @@ class DuckWaitManager:
         return b"5"
 
 
+class ClassWaitManager(ThrottlingManager):
+    @classmethod
+    def get_response_delay(cls, response: Response) -> float | None:
+        return b"5"  # type: ignore[return-value]
+
+
 class HugeWaitManager(ThrottlingManager):
     def get_response_delay(self, response: Response) -> float | None:
         return 10**400  # type: ignore[return-value]
@@ -1107,6 +1113,7 @@ class HugeWaitManager(ThrottlingManager):
         (RawWaitHeaderManager, "RawWaitHeaderManager"),
         (DuckWaitManager, "DuckWaitManager"),
         (HugeWaitManager, "HugeWaitManager"),
+        (ClassWaitManager, "ClassWaitManager"),
     ],
 )
 @pytest_twisted.ensureDeferred
@@ -1211,20 +1218,63 @@ async def test_a_site_scope_made_again_without_a_request_stays_a_site():
 def test_throttling_debug_tells_rampups_steps_at_info(caplog):
     """THROTTLING_DEBUG (AUTOTHROTTLE_DEBUG's successor) says what rampup does,
     at INFO as AutoThrottle's debug lines were: an acceptance probe saw a delay
-    go from 1 s to 0.03 s with no line of its own, and nothing at LOG_LEVEL=INFO."""
+    go from 1 s to 0.03 s with no line of its own, and nothing at LOG_LEVEL=INFO.
+    A pace change that is not rampup's (a Crawl-delay, a slots write) is not
+    reported as one (a review)."""
     import logging
 
     downloader, _clock = make_downloader(
         {"THROTTLING_DEBUG": True, "THROTTLING_SCOPES": {"a.example": {"rampup": True}}}
     )
     scope = downloader.registry.get("a.example")
+    manager = scope.manager
     with caplog.at_level(logging.INFO, logger="slotkit"):
         downloader._log_recoveries([scope])
-        scope.manager.concurrency += 1
-        scope.manager.delay = 0.25
+        manager.delay = 7.0  # written through slots[...]: not a rampup step
         downloader._log_recoveries([scope])
-    lines = [r for r in caplog.records if "rampup:" in r.getMessage()]
+        manager.rampup.steps += 1
+        manager.concurrency += 1
+        downloader._log_recoveries([scope])
+    lines = [r for r in caplog.records if "rampup" in r.getMessage()]
     assert [r.levelno for r in lines] == [logging.INFO]
-    assert "scope 'a.example' rampup: concurrency 1 -> 2" in lines[0].getMessage()
-    assert "-> 0.25 s" in lines[0].getMessage()
+    assert "scope 'a.example' rampup stepped up: concurrency 2, delay 7 s" in lines[0].getMessage()
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_single_label_hosts_kind_outlives_many_download_slot_values(monkeypatch):
+    """Kind hints are kept only where they change a kind: a broad crawl's
+    download_slot host names pushed a single-label host's hint out, and its
+    scope, made again by delay_scope(), came back custom with concurrency 1."""
+    monkeypatch.setattr("slotkit.downloader.KIND_HINTS_KEPT", 4)
+    downloader, _clock = make_downloader(
+        {"THROTTLING_SCOPE_LIMIT": 2, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
+    )
+    handler = handler_of(downloader)
+    urls = ["https://vm/1"] + [f"https://a.example/{n}" for n in range(6)]
+    for n, url in enumerate(urls):
+        meta = {"download_slot": f"h{n}.example"} if n else {}
+        request = Request(url, meta=meta)
+        outcome(downloader.fetch(request))
+        await settle()
+        handler.finish(url)
+        await settle()
+    assert downloader.registry.peek("vm") is None
+    downloader.manager.delay_scope("vm", 5)
+    assert downloader.registry.get("vm").kind == DOMAIN
+    downloader.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_netloc_scope_of_a_single_label_host_is_a_site():
+    """``svc:8080``, the spec's netloc recipe for ``http://svc:8080/``, is the
+    site's scope (CONCURRENT_REQUESTS_PER_DOMAIN), not a custom one of 1."""
+    downloader, _clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 4})
+    handler = handler_of(downloader)
+    request = Request("https://svc:8443/1", meta={"throttling_scopes": "svc:8443"})
+    outcome(downloader.fetch(request))
+    await settle()
+    assert downloader.slots["svc:8443"].concurrency == 4
+    handler.finish(request.url)
+    await settle()
     downloader.close()
