@@ -121,6 +121,14 @@ async def settle(turns: int = 30) -> None:
         await deferLater(reactor, 0)
 
 
+async def finish_each(handler: ManualHandler, requests: list[Request]) -> None:
+    """Answer *requests* one by one, letting the next ones start in between."""
+    for request in requests:
+        await settle()
+        handler.finish(request.url)
+    await settle()
+
+
 def outcome(deferred: Deferred[Any]) -> list[Any]:
     """A list that receives the result (or Failure) of *deferred*, consuming errors."""
     box: list[Any] = []
@@ -754,10 +762,7 @@ async def test_an_ipv6_address_in_a_url_keeps_an_ip_scope():
     assert scope is not None
     assert scope.kind == IP
     assert len(handler.pending) == 2
-    for request in requests:
-        await settle()
-        handler.finish(request.url)
-    await settle()
+    await finish_each(handler, requests)
     downloader.close()
 
 
@@ -776,10 +781,7 @@ async def test_urls_without_a_host_share_a_site_scope():
     await settle()
     assert len(handler.pending) == 3
     assert downloader.slots[""].concurrency == 3
-    for request in requests:
-        await settle()
-        handler.finish(request.url)
-    await settle()
+    await finish_each(handler, requests)
     downloader.close()
 
 
