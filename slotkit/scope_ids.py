@@ -165,7 +165,11 @@ def netloc_keys(settings: Any) -> dict[str, str]:
         except (TypeError, ValueError):
             continue  # validated (and reported) by the downloader's settings
         for key in table:
-            if isinstance(key, str) and host_of_netloc(key):
+            if not isinstance(key, str):
+                continue
+            # "svc:8080" too: a single-label host (a compose service) with a port.
+            host, colon, port = key.rpartition(":")
+            if host_of_netloc(key) or (colon and port.isdigit() and _HOSTNAME.match(host)):
                 keys.setdefault(key.lower(), key)
     return keys
 

@@ -1069,6 +1069,11 @@ def test_an_entry_keyed_host_and_port_names_that_ports_scope(caplog):
     key = upper.get_slot_key(Request("http://example.com:8080/a"))
     assert key == "Example.com:8080"  # the entry's own key, so its settings apply
     assert upper.scope_config(key).delay == 3.0
+    # A single-label host (a compose service) with a port: a review found the
+    # entry never applied.
+    service, _ = make_downloader({"THROTTLING_SCOPES": {"svc:8080": {"delay": 2.0}}})
+    assert service.get_slot_key(Request("http://svc:8080/a")) == "svc:8080"
+    assert service.get_slot_key(Request("http://svc:8081/a")) == "svc"
 
 
 def test_schedulers_see_the_address_scope_of_a_request_with_meta_scopes():
