@@ -21,6 +21,7 @@ it lazily, when next asked) is computed on the side.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -201,14 +202,21 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
-def format_status(states: Iterable[ScopeState], slowest: int = SLOWEST) -> str:
-    """The status line for *states* (without the logger's prefix)."""
+def format_status(
+    states: Iterable[ScopeState], slowest: int = SLOWEST, queued: int | None = None
+) -> str:
+    """The status line for *states* (without the logger's prefix); *queued*:
+    requests slotkit's scheduler holds for their scopes, if it is the crawl's."""
     summary = summarize(states, slowest)
     text = (
         f"Throttling: {_plural(summary.alive, 'scope')} alive, "
         f"{summary.backing_off} backing off, "
         f"{_plural(summary.waiting, 'request')} waiting, {summary.in_flight} in flight"
     )
+    if queued:
+        # The requests that wait in slotkit's scheduler do not show in the
+        # downloader's counts: without this a slowed crawl read as a stalled one.
+        text += f", {queued} queued in the scheduler"
     if summary.slowest:
         text += "; slowest: " + ", ".join(_describe_scope(state) for state in summary.slowest)
     return text
@@ -230,6 +238,8 @@ class StatusReporter:
     ) -> None:
         self._clock = clock
         self._scopes = scopes
+        #: How many requests slotkit's scheduler queues (None: not the crawl's scheduler).
+        self.queued: Callable[[], int | None] = lambda: None
         self.interval = interval
         self._log = log
         self._call: IDelayedCall | None = None
@@ -256,6 +266,7 @@ class StatusReporter:
         )
         reporter = cls(downloader._clock, downloader.registry.values, interval)
         crawler = downloader.crawler
+        reporter.queued = functools.partial(_queued_in_slotkits_scheduler, crawler)
         crawler.signals.connect(reporter.start, signal=signals.engine_started)
         crawler.signals.connect(reporter.stop, signal=signals.engine_stopped)
         install_telnet_vars(crawler, reporter)
@@ -296,7 +307,7 @@ class StatusReporter:
 
     def describe(self) -> str:
         """The current status line."""
-        return format_status(self.states())
+        return format_status(self.states(), queued=self.queued())
 
     def log_status(self) -> None:
         """Log the status line once, now."""
@@ -305,7 +316,7 @@ class StatusReporter:
     def report(self) -> str:
         """A multi-line report: the status line, then one line per live scope."""
         states = self.states()
-        lines = [format_status(states), ""]
+        lines = [format_status(states, queued=self.queued()), ""]
         if states:
             width = max(len(state.id) for state in states)
             lines.append(
@@ -323,6 +334,20 @@ class StatusReporter:
                     f"{state.waiting:>7}  {state.current_delay:>7.2f}s  {backoff}"
                 )
         return "\n".join(lines)
+
+
+def _queued_in_slotkits_scheduler(crawler: Crawler) -> int | None:
+    """The requests slotkit's scheduler queues, or ``None`` if another runs the crawl."""
+    from slotkit.scheduler import ThrottlingAwareScheduler
+
+    engine = getattr(crawler, "engine", None)
+    scheduler = getattr(engine, "scheduler", None)
+    if not isinstance(scheduler, ThrottlingAwareScheduler):
+        return None
+    try:
+        return len(scheduler)
+    except Exception:  # a status line must never break the crawl
+        return None
 
 
 def install_telnet_vars(crawler: Crawler, reporter: StatusReporter) -> None:

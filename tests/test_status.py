@@ -194,6 +194,31 @@ def test_format_status_line_without_slow_scopes():
     )
 
 
+def test_format_status_line_counts_what_slotkits_scheduler_queues():
+    """With slotkit's scheduler, requests waiting for their scopes wait there, not
+    in the downloader: an acceptance probe read '0 requests waiting, 0 in
+    flight' for two minutes while 882 hand-outs were held back, a stalled crawl."""
+    from types import SimpleNamespace
+
+    from slotkit.scheduler import ThrottlingAwareScheduler
+    from slotkit.status import _queued_in_slotkits_scheduler
+
+    line = format_status([scope_state(make_scope("a.example"), 0.0)], queued=12)
+    assert line.endswith("0 requests waiting, 0 in flight, 12 queued in the scheduler")
+
+    class Holding(ThrottlingAwareScheduler):
+        def __init__(self) -> None:
+            pass
+
+        def __len__(self) -> int:
+            return 12
+
+    aware = SimpleNamespace(engine=SimpleNamespace(scheduler=Holding()))
+    stock = SimpleNamespace(engine=SimpleNamespace(scheduler=object()))
+    assert _queued_in_slotkits_scheduler(aware) == 12  # type: ignore[arg-type]
+    assert _queued_in_slotkits_scheduler(stock) is None  # type: ignore[arg-type]
+
+
 # ----------------------------------------------------------------- the reporter
 
 
