@@ -15,7 +15,6 @@ import functools
 import ipaddress
 import logging
 import socket
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from scrapy.resolver import dnscache
@@ -100,9 +99,9 @@ class AddressLookups:
         self._timers: dict[str, Any] = {}
         self._waiting: dict[Deferred[None], Request] = {}
         #: Hosts whose lookup failed in this crawl (not retried; their downloads
-        #: say why), oldest first: at most FAILED_HOSTS_KEPT, as a broad crawl
+        #: say why): at most FAILED_HOSTS_KEPT, oldest out first, as a broad crawl
         #: of dead domains would grow it for good; one dropped is looked up again.
-        self._failed: OrderedDict[str, None] = OrderedDict()
+        self._failed: LocalCache[str, None] = LocalCache(FAILED_HOSTS_KEPT)
 
     @property
     def _name_resolver(self) -> Any:
@@ -218,8 +217,6 @@ class AddressLookups:
             _looked_up[host] = address
         else:
             self._failed[host] = None
-            if len(self._failed) > FAILED_HOSTS_KEPT:
-                self._failed.popitem(last=False)
             logger.debug("slotkit: no address for %s (%s); no IP scope for it", host, error)
         for done in waiting:
             if not done.called:

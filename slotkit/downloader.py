@@ -115,7 +115,9 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         #: the oldest go first past KIND_HINTS_KEPT (a broad crawl's download_slot
         #: values would grow it for good).
         self._kind_hints: LocalCache[str, str] = LocalCache(KIND_HINTS_KEPT)
-        self._site_scope_joins: dict[tuple[str, str], bool] = {}
+        #: (first scope, site) -> whether the site's Crawl-delay scope joins; a
+        #: cache, worked out again for an entry dropped.
+        self._site_scope_joins: LocalCache[tuple[str, str], bool] = LocalCache(10_000)
         self.stats = ThrottlingStats(crawler.stats, self.config.warn_threshold)
         self.gate = Gate(self._clock, on_dispatch=self._dispatched)
         self.registry = ScopeRegistry(

@@ -51,9 +51,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("slotkit")
 
-#: Answers kept of whether a robots.txt site joins a request's first scope.
-SITE_JOINS_KEPT = 10_000
-
 __all__ = ["ScopeControl"]
 
 
@@ -71,7 +68,7 @@ class ScopeControl:
     _default_delay: float | None
     _kind_hints: LocalCache[str, str]
     #: (first scope, site) -> whether the site's Crawl-delay scope joins (see _add_site_scope).
-    _site_scope_joins: dict[tuple[str, str], bool]
+    _site_scope_joins: LocalCache[tuple[str, str], bool]
     _saved: dict[str, dict[str, float]]
     _evicted_recoveries: int
     _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
@@ -153,8 +150,6 @@ class ScopeControl:
                 _, warning = apply_crawl_delay(config, delay)
                 if warning:
                     crawl_delays.warn_once(first, warning)
-            if len(self._site_scope_joins) >= SITE_JOINS_KEPT:
-                self._site_scope_joins.clear()  # a cache: worked out again when needed
             self._site_scope_joins[(first, site)] = joins
         if joins:
             if scope_kind(site) == CUSTOM:  # a single-label host; an address stays one

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
@@ -28,6 +28,9 @@ from slotkit.validation import (
     parse_jitter,
     unknown_key,
 )
+
+if TYPE_CHECKING:
+    from slotkit.settings import ThrottlingSettings
 
 logger = logging.getLogger("slotkit")
 
@@ -335,36 +338,46 @@ def warn_serial_quotas(
         )
 
 
-def warn_capped_floors(
-    scopes: Mapping[str, Mapping[str, Any]], resolved: Callable[[str], tuple[int, str]]
-) -> None:
+def warn_capped_floors(config: ThrottlingSettings) -> None:
     """Say (once per scope) when a ``min_concurrency`` is above the concurrency
     the scope gets from elsewhere (``CONCURRENT_REQUESTS_PER_DOMAIN``, a
     ``DOWNLOAD_SLOTS`` entry, the ``CONCURRENT_REQUESTS`` cap): the floor is
     lowered to it. Written beside a ``concurrency`` in the same entry, the
     same mistake is refused (:func:`scope_entry`).
-
-    *resolved* gives a scope's concurrency and where it comes from.
     """
-    for scope, entry in scopes.items():
+    # Here, not at the top: slotkit.scope_ids imports slotkit.settings, which imports us.
+    from slotkit.scope_ids import scope_kind
+    from slotkit.settings import CAPPED_SOURCE, CUSTOM, DOMAIN
+
+    for scope, entry in config.scopes.items():
         floor = entry.get("min_concurrency")
         if floor is None or scope in _WARNED_FLOORS:
             continue
-        concurrency, source = resolved(scope)
-        if floor <= concurrency:
+        # DOWNLOAD_SLOTS keys are sites, as the downloader has them.
+        kind = DOMAIN if scope in config.slots else scope_kind(scope)
+        resolved = config.scope_config(scope, kind)
+        if floor <= resolved.concurrency:
             continue
         _WARNED_FLOORS.add(scope)
-        if "CONCURRENT_REQUESTS cap" in source:
-            advice = "raise CONCURRENT_REQUESTS to keep it"
-        else:
-            advice = f"give the entry a 'concurrency' of at least {floor} to keep it"
+        source = resolved.sources.get("concurrency", "default")
+        advice = f"give the entry a 'concurrency' of at least {floor} to keep it"
+        if source == CAPPED_SOURCE:
+            source, advice = "the CONCURRENT_REQUESTS cap", "raise CONCURRENT_REQUESTS to keep it"
+        elif source == "default":
+            source = config.default_concurrency_setting(kind)
+            if kind == CUSTOM:
+                # "vm" may be a custom scope, or a request's single-label host.
+                source += (
+                    f", if {scope!r} is a custom scope; as a request's host it is a site's, "
+                    f"with CONCURRENT_REQUESTS_PER_DOMAIN = {config.domain_concurrency}"
+                )
         logger.warning(
             "slotkit: THROTTLING_SCOPES[%r]['min_concurrency'] (%d) is above the scope's "
             "concurrency (%d, from %s); it is lowered to %d: %s",
             scope,
             floor,
-            concurrency,
+            resolved.concurrency,
             source,
-            concurrency,
+            resolved.concurrency,
             advice,
         )

@@ -287,32 +287,8 @@ class ThrottlingSettings:
             config.scope_manager,
             config.total_concurrency,
         )
-        warn_capped_floors(config.scopes, config._concurrency_and_source)
+        warn_capped_floors(config)
         return config
-
-    def _concurrency_and_source(self, scope: str) -> tuple[int, str]:
-        """The concurrency a scope of the id *scope* gets, and what sets it."""
-        # Here, not at the top: slotkit.scope_ids imports this module.
-        from slotkit.scope_ids import scope_kind
-
-        # DOWNLOAD_SLOTS keys are sites, as the downloader has them.
-        kind = DOMAIN if scope in self.slots else scope_kind(scope)
-        config = self.scope_config(scope, kind)
-        source = config.sources.get("concurrency", "default")
-        if source == CAPPED_SOURCE:
-            source = "the CONCURRENT_REQUESTS cap"
-        elif source == "default":
-            source = "CONCURRENT_REQUESTS_PER_DOMAIN"
-            if kind == CUSTOM:
-                # "vm" may be a custom scope, or a request's single-label host.
-                source = (
-                    f"THROTTLING_SCOPE_CONCURRENCY, if {scope!r} is a custom scope; as a "
-                    "request's host it is a site's, with CONCURRENT_REQUESTS_PER_DOMAIN "
-                    f"= {self.domain_concurrency}"
-                )
-            elif kind == IP and self.ip_concurrency:
-                source = "CONCURRENT_REQUESTS_PER_IP"
-        return config.concurrency, source
 
     def backoff_config(self, scope: str) -> BackoffRules:
         """The backoff rules of *scope*: its ``"backoff"`` overrides, else the globals."""
@@ -325,6 +301,14 @@ class ThrottlingSettings:
         if kind == CUSTOM:
             return self.scope_concurrency
         return self.domain_concurrency
+
+    def default_concurrency_setting(self, kind: str) -> str:
+        """The setting :meth:`default_concurrency` reads for a scope of *kind*."""
+        if kind == IP and self.ip_concurrency:
+            return "CONCURRENT_REQUESTS_PER_IP"
+        if kind == CUSTOM:
+            return "THROTTLING_SCOPE_CONCURRENCY"
+        return "CONCURRENT_REQUESTS_PER_DOMAIN"
 
     def scope_config(self, scope: str, kind: str) -> ScopeConfig:
         """Resolve the configuration of *scope*: defaults, then ``DOWNLOAD_SLOTS``,

@@ -22,14 +22,8 @@ def _default_setting(config: ThrottlingSettings, settings: Settings, kind: str, 
     """The setting a ``"default"`` source stands for."""
     from scrapy.settings import SETTINGS_PRIORITIES
 
-    from slotkit.settings import CUSTOM, IP
-
     if name == "concurrency":
-        if kind == IP and config.ip_concurrency:
-            return "CONCURRENT_REQUESTS_PER_IP"
-        if kind == CUSTOM:
-            return "THROTTLING_SCOPE_CONCURRENCY"
-        return "CONCURRENT_REQUESTS_PER_DOMAIN"
+        return config.default_concurrency_setting(kind)
     if name == "delay":
         return "DOWNLOAD_DELAY"
     if name == "window":
