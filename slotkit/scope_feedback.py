@@ -100,9 +100,15 @@ class ScopeFeedback:
         held = now < self.hold_until  # by an earlier hint: the same burst
         if delay is not None and delay > 0:
             self.hold_until = max(self.hold_until, now + delay)
-        if delay is not None and (
-            held or not may_step or self.rampup is None or self.rampup.within_target()
-        ):
+        if self._takes_step(delay, held=held, may_step=may_step):
+            self._step(now)
+        if self.backoff_delay is not None and self.backoff.window > 0:
+            self.recovers_at = quiet_window_end(now, self.next_allowed, self.backoff.window)
+
+    def _takes_step(self, delay: float | None, *, held: bool, may_step: bool) -> bool:
+        """Whether a trigger (with the server's *delay*, if it gave one) backs off a step."""
+        rampup = self.rampup
+        if delay is not None:
             # A hint holds the scope and takes no step (the specification),
             # except beyond a rampup scope's target: there the hints say that
             # rampup's own probing went too far, and a hold alone would let the
@@ -110,42 +116,40 @@ class ScopeFeedback:
             # server's limit measured, 1.8 hinted 429s per window for a target
             # of 1). One step per burst: its other answers come while the
             # scope is held, or answer requests sent before the hold began.
-            pass
-        elif delay is None and (
-            self.rampup is not None
-            and self.rampup.within_target()
-            and window_holds_more(
-                self.current_delay, self.rampup.config.target[1], self.rampup.config.window
-            )
-        ):
-            # Rampup aims at its target of triggers per window: that many is
-            # the price of probing, so the rate holds (the window will not step
-            # up either). Only triggers beyond the target back the scope off.
-            pass
-        elif self.rampup is not None and self.concurrency > self.min_concurrency:
+            return not held and may_step and rampup is not None and not rampup.within_target()
+        # Rampup aims at its target of triggers per window: that many is the
+        # price of probing, so the rate holds (the window will not step up
+        # either). Only triggers beyond the target back the scope off.
+        return not (
+            rampup is not None
+            and rampup.within_target()
+            and window_holds_more(self.current_delay, rampup.config.target[1], rampup.config.window)
+        )
+
+    def _step(self, now: float) -> None:
+        """One backoff step."""
+        if self.rampup is not None and self.concurrency > self.min_concurrency:
             # Rampup raised the concurrency after the delay: a step beyond its
             # target takes that back first, one at a time. A site that limits
             # concurrent requests answers every extra one at once, and only
             # the delay would never stop that (min_concurrency is the floor).
             self.concurrency -= 1
             self.steps += 1
-        else:
-            config = self.backoff
-            self.backoff_delay = next_backoff(
-                self.current_delay, config.delay_factor, config.min_delay, config.max_delay
-            )
-            self.steps += 1
-            # The gap already running is redrawn with the backoff jitter, so
-            # requests that backed off together do not come back in lockstep.
-            self._factor = self._draw_factor()
-            # ... and it runs from the trigger: counted from the failed
-            # request's dispatch, a timeout longer than the backoff delay
-            # left nothing of it (a probe saw a 0.25 s timeout retried
-            # 0.15 s after it failed, with a backoff delay of 0.4 s).
-            if self.last_sent is not None and now > self.last_sent:
-                self.last_sent = now
-        if self.backoff_delay is not None and self.backoff.window > 0:
-            self.recovers_at = quiet_window_end(now, self.next_allowed, self.backoff.window)
+            return
+        config = self.backoff
+        self.backoff_delay = next_backoff(
+            self.current_delay, config.delay_factor, config.min_delay, config.max_delay
+        )
+        self.steps += 1
+        # The gap already running is redrawn with the backoff jitter, so
+        # requests that backed off together do not come back in lockstep.
+        self._factor = self._draw_factor()
+        # ... and it runs from the trigger: counted from the failed
+        # request's dispatch, a timeout longer than the backoff delay
+        # left nothing of it (a probe saw a 0.25 s timeout retried
+        # 0.15 s after it failed, with a backoff delay of 0.4 s).
+        if self.last_sent is not None and now > self.last_sent:
+            self.last_sent = now
 
     def reconcile_quota(
         self, consumed: float | None = None, remaining: float | None = None, now: float = 0.0
