@@ -7,6 +7,7 @@ them with the crawl-wide settings.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import re
@@ -157,6 +158,14 @@ _HOST_LIKE = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:\d+)?")
 _WARNED_KEYS: set[str] = set()
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _warn_siteless_key(setting: str, scope: str) -> None:
     """Say (once) when a key looks meant for a site but no site's scope id equals it.
 
@@ -175,6 +184,11 @@ def _warn_siteless_key(setting: str, scope: str) -> None:
         site = scope.lower()
     elif scope.lower() == "localhost" and scope != "localhost":
         site = "localhost"
+    elif scope.startswith("[") and scope.endswith("]"):
+        # A URL's host is an IPv6 address without its brackets.
+        site = scope[1:-1].lower()
+    elif ":" in scope and scope != scope.lower() and _is_ip(scope):
+        site = scope.lower()
     elif not scope.isascii() and "." in scope and "/" not in scope:
         # Scrapy sends an internationalized host name in its ASCII form.
         try:

@@ -236,6 +236,9 @@ def test_a_backoff_or_rampup_option_at_the_top_says_where_it_goes(key: str, home
         ("LOCALHOST", "localhost"),
         # Scrapy sends the ASCII form of an internationalized host name.
         ("bücher.test", "xn--bcher-kva.test"),
+        # A URL's IPv6 host comes without brackets, in lower case.
+        ("[::1]", "::1"),
+        ("FE80::1", "fe80::1"),
     ],
 )
 def test_a_key_no_site_can_match_is_warned_about(
@@ -250,7 +253,18 @@ def test_a_key_no_site_can_match_is_warned_about(
 
 # host:port keys match whatever their case; "host/" is the spec's endpoint recipe's id.
 @pytest.mark.parametrize(
-    "key", ["a.test", "a.test:8080", "A.test:8080", "API", "api.example.com/search", "a.test/"]
+    "key",
+    [
+        "a.test",
+        "a.test:8080",
+        "A.test:8080",
+        "API",
+        "api.example.com/search",
+        "a.test/",
+        "::1",
+        "[::1]:8080",
+        "[FE80::1]:8080",
+    ],
 )
 def test_site_ids_and_custom_names_are_not_warned_about(key: str, caplog: pytest.LogCaptureFixture):
     with caplog.at_level(logging.WARNING, logger="slotkit"):
