@@ -58,6 +58,8 @@ async def test_burst_of_429s_is_one_backoff_step(mock_site: MockSite) -> None:
     assert sorted(r.status for r in result.responses) == [200] * 4
     assert result.stats["throttling/backoff/steps"] == 1
     assert result.stats["throttling/backoff/deduplicated"] == 3
+    assert "backs off after 429" in result.log_text
+    assert "BACKOFF_HTTP_CODES = [429]" not in result.log_text  # a 429 is about load
     assert result.stats["throttling/backoff/resent"] == 4
     dispatches = result.dispatch_times(HOST)
     # The re-sends are paced by the first backoff step (0.2 s), not 0.2 * 2**3.
@@ -79,6 +81,8 @@ async def test_a_scopes_first_backoff_step_is_logged_once(mock_site: MockSite) -
     line = "slotkit: scope '127.0.0.1' backs off after 503 to 0.1 s between requests"
     assert line in result.log_text
     assert result.log_text.count("backs off after") == 1
+    # A 503 may be a sick backend rather than a request to slow down.
+    assert "BACKOFF_HTTP_CODES = [429] and BACKOFF_EXCEPTIONS = []" in result.log_text
 
 
 @pytest_twisted.ensureDeferred
