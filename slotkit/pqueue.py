@@ -3,7 +3,8 @@
 :class:`ThrottlingAwarePriorityQueue` keeps one priority sub-queue per
 download slot (the key ``downloader.get_slot_key(request)`` gives: with
 slotkit's downloader, the request's primary throttling scope, or its site's
-when a robots.txt Crawl-delay joined that to a group), like Scrapy's
+when a robots.txt Crawl-delay joined that to a group, or for a request of
+several scopes, that set: see ``Downloader.queue_key``), like Scrapy's
 ``DownloaderAwarePriorityQueue`` and with the same disk layout, so either
 class can resume a job directory the other wrote. On top of that:
 
@@ -59,6 +60,7 @@ from slotkit.pqueue_slot import (
     CACHED,
     DELAYED,
     _SlotQueue,
+    leading_scope,
     resume_legacy_job,
     sub_queue_key,
 )
@@ -119,6 +121,10 @@ class ThrottlingAwarePriorityQueue(SlotChoice):
         self._heads: dict[str, tuple[Request, dict[str, float | None]]] = {}
         #: The slots in rank order, and the waits remembered for them (pqueue_order).
         self._order = SlotOrder()
+        #: Sub-queues of a set of scopes (see leading_scope) -> the scope leading them,
+        #: and the other way round: a departure of that scope's request concerns them.
+        self._led: dict[str, str] = {}
+        self._led_by: dict[str, set[str]] = {}
         #: slot key -> the key version (Readiness.key_version) its head was filed under.
         self._keyed: dict[str, int] = {}
         #: Slots whose last ranking raised (logged once until one succeeds).
@@ -230,7 +236,13 @@ class ThrottlingAwarePriorityQueue(SlotChoice):
         head = self.pqueues[slot].peek()
         if head is None:  # pragma: no cover - sub-queues are never kept empty
             raise RuntimeError(f"slot queue {slot!r} is empty")
-        self._heads[slot] = (head, self.readiness.scopes(head))
+        scopes = self.readiness.scopes(head)
+        self._heads[slot] = (head, scopes)
+        base = slot.removesuffix(DELAYED).removesuffix(CACHED)
+        leader = leading_scope(base, scopes)
+        if leader != base:
+            self._led[slot] = leader
+            self._led_by.setdefault(leader, set()).add(slot)
         return head
 
     def _take(self, slot: str) -> Request | None:
@@ -258,13 +270,18 @@ class ThrottlingAwarePriorityQueue(SlotChoice):
             self._order.discard(slot)
             self._ranks.forget(slot)
             self._failing.discard(slot)
+            if (leader := self._led.pop(slot, None)) is not None:
+                led = self._led_by[leader]
+                led.discard(slot)
+                if not led:
+                    del self._led_by[leader]
         return request
 
     def departed(self, slot: str) -> None:
         """A request of *slot* left the downloader: a finite wait remembered for it
         may now be too long (``math.inf`` ones are re-asked by generation anyway)."""
         order = self._order
-        for key in (slot, f"{slot}{DELAYED}"):
+        for key in (slot, f"{slot}{DELAYED}", *self._led_by.get(slot, ())):
             if order.waits_finitely(key):
                 order.forget_wait(key)
                 self._offer(key)

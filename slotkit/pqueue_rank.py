@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from slotkit.pqueue_order import Rank
 from slotkit.pqueue_quota import QuotaShares, Terms
-from slotkit.pqueue_slot import DELAYED
+from slotkit.pqueue_slot import DELAYED, leading_scope
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -43,16 +43,22 @@ class SlotRanks:
         share = 0.0
         if self.shares.may_have_share(scopes):
             terms, share = self.shares.terms_and_share(head, scopes)
-        return (self.busy(slot), -head.priority, -share, self._served.get(slot, 0)), terms
+        busy = self.busy(slot, scopes)
+        return (busy, -head.priority, -share, self._served.get(slot, 0)), terms
 
     def group_share(self, terms: Terms, available: dict[str, float | None]) -> float:
         """The share component of a rank whose head has quota *terms*, now
         (*available*: see :meth:`~slotkit.pqueue_quota.QuotaShares.share_of`)."""
         return -self.shares.share_of(terms, available)
 
-    def busy(self, slot: str) -> int:
-        """Requests of *slot* in the downloader (waiting or in flight)."""
+    def busy(self, slot: str, scopes: Mapping[str, float | None] | None = None) -> int:
+        """Requests of *slot* in the downloader (waiting or in flight).
+
+        A slot of several scopes (see ``Downloader.queue_key``) counts as its
+        head's first scope (*scopes*), as it would under that scope's name.
+        """
         slot = slot.removesuffix(DELAYED)  # a delayed sub-queue counts as its slot
+        slot = leading_scope(slot, scopes)
         downloader: Any = self.readiness.downloader
         registry = getattr(downloader, "registry", None)
         if registry is not None:

@@ -16,7 +16,7 @@ import errno
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, cast
 
@@ -240,6 +240,15 @@ def sub_queue_key(readiness: Readiness, request: Request) -> str:
         # First: the cache answers before the downloader would start the delay.
         return f"{slot}{CACHED}"
     return f"{slot}{DELAYED}" if readiness.delay_left(request) > 0 else slot
+
+
+def leading_scope(slot: str, scopes: Mapping[str, float | None] | None) -> str:
+    """The scope *slot* is led by: itself, or for the sub-queue of a set of
+    scopes (``"api & users"``, see ``Downloader.queue_key``), the first scope
+    of its head (*scopes*), which the key names first."""
+    if scopes and len(scopes) > 1 and slot not in scopes:
+        return next(iter(scopes))
+    return slot
 
 
 def resume_legacy_job(queue: Any, startprios: list[int]) -> None:

@@ -148,6 +148,33 @@ async def test_a_free_host_is_not_blocked_by_a_throttled_one(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_request_held_by_its_second_scope_does_not_hold_back_its_first(
+    mock_site: MockSite,
+) -> None:
+    """An acceptance probe: requests of {"api", "users"}, users paced at a minute,
+    queued before requests of "api" alone, held all of those (0 of 10 sent in 6 s)."""
+    both = [
+        {"url": url, "meta": {"throttling_scopes": ["api", "users"]}}
+        for url in pages(mock_site, SLOW_HOST, 5)
+    ]
+    api_only = [
+        {"url": url, "meta": {"throttling_scopes": ["api"]}}
+        for url in pages(mock_site, FAST_HOST, PAGES)
+    ]
+    result = await run_crawl(
+        ListSpider,
+        {**AWARE, "THROTTLING_SCOPES": {"api": {"concurrency": 8}, "users": {"delay": ONE_MINUTE}}},
+        urls=[*both, *api_only],
+        on_crawler=close_when(PAGES, FAST_HOST, "api_done"),
+        crawl_timeout=30,
+    )
+    result.assert_no_unhandled_errors()
+    assert result.finish_reason == "api_done"
+    assert fast_done(result) == PAGES
+    assert mock_site.recorder.count(SLOW_HOST) == 1  # users' minute held
+
+
+@pytest_twisted.ensureDeferred
 async def test_requests_with_a_throttling_delay_wait_in_the_queue_not_the_downloader(
     mock_site: MockSite,
 ) -> None:

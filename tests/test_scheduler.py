@@ -978,8 +978,9 @@ def test_quota_share_raised_by_another_slots_spending() -> None:
     engine.arrive(d)  # the gate counts 6 units of budget
     engine.finish(d)
     queue.push(req("b.example", meta=scopes("b.example", 1.0)))
-    assert queue.quota_share(queue._head("a.example")) == pytest.approx(0.5)
-    assert queue.quota_share(queue._head("b.example")) == pytest.approx(0.25)
+    # Each host's requests of two scopes have a sub-queue for the pair.
+    assert queue.quota_share(queue._head("a.example & budget")) == pytest.approx(0.5)
+    assert queue.quota_share(queue._head("b.example & budget")) == pytest.approx(0.25)
     assert queue.pop_ready().url == "http://a.example/0"
 
 
@@ -998,6 +999,57 @@ def test_busy_of_a_non_primary_scope_drops_unannounced() -> None:
     engine.finish(x)
     assert queue.busy("a.example") == 0
     assert queue.pop_ready().url == "http://a.example/1"
+
+
+def test_a_request_held_by_its_second_scope_does_not_hold_back_its_first() -> None:
+    """A probe: {"api", "users"} with users paced at 5 s, queued before requests
+    of "api" alone, held all of them behind it in api's sub-queue (0 of 10 sent
+    in 6 s; Scrapy's own queue sent all). A set of scopes has its own sub-queue."""
+    crawler, downloader, engine, _, clock = slotkit_setup(
+        {"THROTTLING_SCOPES": {"api": {"concurrency": 8}, "users": {"delay": 5.0}}}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    both = {"throttling_scopes": ["api", "users"]}
+    for n in range(2):
+        queue.push(req("a.example", n, meta=both))
+    for n in range(3):
+        queue.push(req("a.example", 10 + n, meta={"throttling_scopes": ["api"]}))
+    sent = []
+    while (request := queue.pop_ready()) is not None:
+        engine.fetch(request)
+        engine.arrive(request)
+        engine.finish(request)
+        sent.append(request.url)
+    # users lets one through, then paces the second 5 s later; api's own go now.
+    assert sorted(sent) == ["http://a.example/0", *(f"http://a.example/{10 + n}" for n in range(3))]
+    assert queue.next_ready_in() == pytest.approx(5.0)
+    clock.advance(5.0)
+    assert url_of(queue.pop_ready()) == "http://a.example/1"
+
+
+def test_a_sub_queue_of_several_scopes_ranks_and_wakes_as_its_first() -> None:
+    """It is named after no scope: it counts its first scope's busy requests and
+    hears of that scope's departures, as a sub-queue under that name would."""
+    crawler, downloader, engine, _, _ = slotkit_setup(
+        {"THROTTLING_SCOPES": {"api": {"concurrency": 8}}}
+    )
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    queue.push(req("a.example", 0, meta={"throttling_scopes": ["api"]}))
+    first = queue.pop_ready()
+    engine.fetch(first)
+    engine.arrive(first)
+    queue.push(req("a.example", 1, meta={"throttling_scopes": ["api", "users"]}))
+    slot = "api & users"
+    assert slot in queue
+    assert queue.rank(slot, queue._head(slot))[0] == 1  # api's request in the downloader
+    queue._order.remember_wait(slot, downloader._clock.seconds() + 60.0, 0)
+    engine.finish(first)  # api's request leaves: a wait remembered for the set ends
+    assert not queue._order.waits_finitely(slot)
+    assert queue.rank(slot, queue._head(slot))[0] == 0
+    assert url_of(queue.pop_ready()) == "http://a.example/1"
+    assert slot not in queue
+    assert not queue._led
+    assert not queue._led_by
 
 
 def test_group_slot_not_reoffered_when_a_crawl_delayed_site_request_leaves() -> None:
