@@ -205,13 +205,17 @@ def _number_problem(text: str, *, fractions: bool = True, maximum: float = math.
 def parse_delta_seconds(value: str | bytes) -> float | None:
     """Parse RFC 9110 delta-seconds (``1*DIGIT``) as a positive delay.
 
-    Returns ``None`` for zero, negatives, fractions and anything that is
-    not a plain ASCII integer; a value above ``MAX_DELTA_SECONDS`` is that.
+    A plain decimal (``2.5``) is taken too: the RFC allows whole seconds
+    only, but a server that sends one means it, and ignoring it would have
+    the ordinary backoff step send sooner than it asked (or later, when it
+    asked for less than a step, as a test server keen on fast tests does).
+    Returns ``None`` for zero, negatives and anything that is not a plain
+    ASCII number; a value above ``MAX_DELTA_SECONDS`` is that.
     """
     text = _to_text(value)
     if text is None:
         return None
-    number = _parse_number(text, fractions=False, maximum=MAX_DELTA_SECONDS, clamp=True)
+    number = _parse_number(text, maximum=MAX_DELTA_SECONDS, clamp=True)
     if number is None or number <= 0:
         return None
     return number
@@ -222,9 +226,9 @@ def _retry_after_problem(text: str) -> str | None:
 
     ``None`` for zero, which is well-formed and simply asks for no wait.
     """
-    if _parse_number(text, fractions=False) == 0:
+    if _parse_number(text) == 0:
         return None
-    problem = _number_problem(text, fractions=False, maximum=MAX_DELTA_SECONDS)
+    problem = _number_problem(text, maximum=MAX_DELTA_SECONDS)
     return "neither delta-seconds nor an HTTP-date" if problem == _NOT_A_NUMBER else problem
 
 
