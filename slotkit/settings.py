@@ -85,9 +85,10 @@ def _default_jitter(settings: BaseSettings) -> Jitter:
 def _randomize_jitter(settings: BaseSettings) -> Jitter:
     """``RANDOMIZE_DOWNLOAD_DELAY``: Scrapy's boolean, or the spec's factor or pair.
 
-    ``True``/``False`` (and 0, 1 and their strings, as Scrapy reads them)
-    mean ±50% or none; any other number is a factor (0.2 means ±20%), and a
-    ``[low, high]`` pair multiplies the delay by ``1 + uniform(low, high)``.
+    ``True``/``False`` (and the integers 0 and 1 and their strings, as
+    Scrapy reads them) mean ±50% or none; any other number is a factor (0.2
+    means ±20%; 1.0, a float, ±100%), and a ``[low, high]`` pair multiplies
+    the delay by ``1 + uniform(low, high)``.
     """
     where = "RANDOMIZE_DOWNLOAD_DELAY"
     raw = settings.get(where)
@@ -100,7 +101,9 @@ def _randomize_jitter(settings: BaseSettings) -> Jitter:
             factor = float(raw)
         except ValueError:
             factor = None
-    if factor is not None and factor not in (0, 1):
+    # Scrapy's boolean reads 1 and "1"; the spec's factor 1.0 is a float.
+    boolean = isinstance(raw, int) or (isinstance(raw, str) and raw.strip() in ("0", "1"))
+    if factor is not None and not (boolean and factor in (0, 1)):
         return parse_jitter(where, factor)
     try:
         return parse_jitter(where, as_bool(settings, where))

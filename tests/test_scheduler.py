@@ -1436,7 +1436,7 @@ def test_a_refused_push_leaves_no_empty_priority_queue(tmp_path: Path) -> None:
     queue.push(req("a", 1, priority=-1, meta=start))
     queue.push(req("a", 2))
     assert url_of(queue.pop_ready()) == "http://a/2"
-    with pytest.raises(ValueError, match="pickle|local object"):  # 3.13's message
+    with pytest.raises(ValueError, match=r"pickle|local object"):  # 3.13's message
         queue.push(req("a", 3, meta={"bad": lambda: None}))
     queue.push(req("a", 4, priority=-1, meta=start))
     assert sorted(r.url for r in iter(queue.pop_ready, None)) == ["http://a/1", "http://a/4"]

@@ -465,6 +465,9 @@ def test_randomize_download_delay_false_wins_over_default_jitter():
         ("[-0.1, 0.3]", (-0.1, 0.3)),
         (True, (-0.5, 0.5)),
         (1, (-0.5, 0.5)),  # Scrapy reads 0 and 1 as booleans
+        ("1", (-0.5, 0.5)),
+        (1.0, (-1.0, 1.0)),  # a float is the spec's factor: ±100%
+        ("1.0", (-1.0, 1.0)),
         ("0", NO_JITTER),
         ("false", NO_JITTER),
     ],
