@@ -208,6 +208,14 @@ class RequestPath:
                     return response
                 if limited_since is None:
                     limited_since = self._clock.seconds()
+                if answered is not None and not ticket.held:
+                    # Its re-send went out at once: nothing in its scopes slows
+                    # down on a signal (a custom manager that takes no backoff).
+                    # Re-sent again it would loop at the server's pace (a probe:
+                    # 280 requests in 5 s for 3 pages); RetryMiddleware's limits
+                    # decide instead.
+                    self.resender.unheld(request, response, scopes)
+                    return response
                 if not self.resender.should_resend(request, response, scopes, limited_since):
                     return response
                 answered = uncounted = response
@@ -240,12 +248,14 @@ class RequestPath:
             return ticket
         entered = self._clock.seconds()
         waiting = self.gate.acquire(request, scopes, amounts, request.priority, delay, arrived)
+        held = not waiting.called  # fired at once: nothing held it after all
         self.stats.waiting(len(self.gate.waiting))
         if self.config.debug:
             logger.debug("slotkit: %s waits for %s", request, [repr(s) for s in scopes])
         # A cancel between the gate's admission and this coroutine resuming
         # gives the ticket (and its scopes' slots) back.
         ticket = await take(waiting, self.gate.release)
+        ticket.held = held
         self.stats.waited(self._clock.seconds() - entered)
         return ticket
 

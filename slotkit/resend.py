@@ -27,6 +27,10 @@ Limits, so that a site that never recovers cannot keep a crawl alive:
   queued behind newcomers, it would take the 429s for all of them.
 * A scope where a request stalled is marked stalled: its next signals are
   handed on at once, until one of its responses is not a signal.
+* A re-send that went out at once (no scope held it back: a custom scope
+  manager that takes no backoff, such as the spec's fixed-window one) and
+  was rate limited again is handed on (``throttling/backoff/handed_on_unheld``):
+  re-sent again and again it would ask as fast as the server answers.
 * Cookies follow the re-send as they follow a retry: a re-send goes out
   below the middlewares, so slotkit hands the answer to the crawl's
   ``CookiesMiddleware`` (its jar keeps what ``Set-Cookie`` set) and lets it
@@ -162,6 +166,19 @@ class Resender:
             [scope.id for scope in scopes],
         )
         return True
+
+    def unheld(self, request: Request, response: Response, scopes: list[Scope]) -> None:
+        """*request*'s re-send went out at once and was rate limited again: its
+        *response* is handed on (see the module's limits)."""
+        self._stats.inc("backoff/handed_on_unheld")
+        logger.debug(
+            "slotkit: %s answered %d again, and nothing in %s held its re-send back "
+            "(a scope manager that takes no backoff?); handing it on to the retry "
+            "middleware",
+            request,
+            response.status,
+            [scope.id for scope in scopes],
+        )
 
     def _retry_would_take(self, request: Request, response: Response) -> bool:
         """Whether RetryMiddleware would retry *response* now (its own rules)."""

@@ -11,7 +11,7 @@ import pytest_twisted
 from scrapy import Spider
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 
-from slotkit import ThrottlingManager
+from slotkit import ThrottlingManager, ThrottlingScopeManager
 from tests.crawl import ListSpider, run_crawl
 from tests.server import MockSite, Reply, always, fail_first, random_failures
 
@@ -306,6 +306,33 @@ async def test_no_resend_where_retry_middleware_would_not_retry(
     assert mock_site.recorder.count(HOST) == 1
     assert "throttling/backoff/resent" not in result.stats
     assert result.stats["throttling/backoff/triggers/429"] == 1  # the scope still backs off
+
+
+class TakesNoBackoff(ThrottlingScopeManager):
+    """A scope manager that ignores backoff, as the spec's fixed-window example does."""
+
+    def record_backoff(self, delay: float | None = None, now: float = 0.0) -> None:
+        pass
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_resend_nothing_held_back_is_not_resent_again(mock_site: MockSite) -> None:
+    """An acceptance probe: with a scope manager taking no backoff, every 429 was
+    re-sent at once, 280 requests in 5 s for 3 pages. The re-send that nothing
+    held is handed on after its own 429; RetryMiddleware's RETRY_TIMES bounds it."""
+    mock_site.set_behaviour(HOST, always(429))
+    settings = {
+        **SLOTKIT,
+        "RETRY_TIMES": 2,
+        "BACKOFF_RESEND_TIMEOUT": 3,  # ends the old code's loop too
+        "THROTTLING_SCOPES": {HOST: {"manager": TakesNoBackoff}},
+    }
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    # The first try and the first retry: an attempt and its re-send; the last
+    # retry, which RetryMiddleware would not retry again, is handed on at once.
+    assert mock_site.recorder.count(HOST) == 2 + 2 + 1
+    assert result.stats["throttling/backoff/handed_on_unheld"] == 2
+    assert result.stats["retry/max_reached"] == 1
 
 
 def cookie_challenge(request: Any, n: int) -> Reply | None:
