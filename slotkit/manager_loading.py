@@ -93,6 +93,13 @@ class _DuckManager(ThrottlingManager):
         if callable(attach):
             attach(controller)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # isinstance(crawler.throttler, TheUsersClass) holds, as it would had
+        # slotkit used the user's object as it is (isinstance consults
+        # __class__ when type() does not match); type() still names the adapter.
+        return type(self.__dict__["inner"])
+
     def __getattr__(self, name: str) -> Any:
         # Only names the adapter lacks come here: the user's own extras
         # (reached through crawler.throttler, for instance).

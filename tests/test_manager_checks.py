@@ -157,6 +157,17 @@ def test_completed_manager_is_named_after_the_users_class(crawler: Any) -> None:
     assert type(manager).__qualname__ == ReturnsGarbage.__qualname__
 
 
+def test_a_completed_manager_is_an_instance_of_the_users_class() -> None:
+    """An acceptance probe: isinstance(crawler.throttler, TheUsersClass) was False
+    for a class that left some methods to slotkit's defaults."""
+    crawler = get_crawler(
+        Spider, {"THROTTLING_MANAGER": ReturnsGarbage, "TELNETCONSOLE_ENABLED": False}
+    )
+    Downloader(crawler, clock=Clock())
+    assert isinstance(crawler.throttler, ReturnsGarbage)
+    assert isinstance(crawler.throttler, ThrottlingManager)  # the defaults it runs on
+
+
 def test_garbage_from_get_scopes_names_the_users_class() -> None:
     """The downloader's TypeError for a bad get_scopes result names the user's class."""
     crawler = get_crawler(
