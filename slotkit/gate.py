@@ -196,17 +196,12 @@ class Gate:
         for scope, amount in zip(ticket.scopes, ticket.amounts, strict=True):
             scope.discard_done(request)
             manager = scope.manager
-            try:
-                ending = getattr(manager, "record_ending", None)
-                if ending is not None:  # slotkit's own managers: which request ended matters
-                    ending(ticket.sent_at, amount)
-                manager.record_done(now)
-            except Exception:
-                # The request's outcome is already decided: it stands, and
-                # the other scopes still hear that the request ended.
-                logger.exception(
-                    "slotkit: the scope manager of %r raised on the end of %s", scope.id, request
-                )
+            ending = getattr(manager, "record_ending", None)
+            if ending is not None:  # slotkit's own managers: which request ended matters
+                _tell_end(scope, request, ending, ticket.sent_at, amount)
+            # On its own: it gives the concurrency place back, which an error
+            # in record_ending must not skip (the place would stay taken).
+            _tell_end(scope, request, manager.record_done, now)
         for scope in ticket.scopes:
             if scope.waiters:  # nobody parked here: nothing a poke could admit
                 self.poke(scope)
@@ -411,3 +406,17 @@ class Gate:
                 )
         self._pending.clear()
         self._queued.clear()
+
+
+def _tell_end(scope: Scope, request: Request, method: Callable[..., Any], *args: Any) -> None:
+    """Tell *scope*'s manager that *request* ended; an error is logged, not raised.
+
+    The request's outcome is already decided: it stands, and the other
+    scopes still hear that the request ended.
+    """
+    try:
+        method(*args)
+    except Exception:
+        logger.exception(
+            "slotkit: the scope manager of %r raised on the end of %s", scope.id, request
+        )

@@ -954,6 +954,10 @@ class Faulty(ThrottlingScopeManager):
         self._maybe_raise("record_done")
         super().record_done(now)
 
+    def record_ending(self, sent_at: float, amount: float | None = None) -> None:
+        self._maybe_raise("record_ending")
+        super().record_ending(sent_at, amount)
+
 
 def faulty_scope(scope_id: str, concurrency: int = 1, delay: float = 0.0) -> Scope:
     manager = Faulty(concurrency=concurrency, delay=delay)
@@ -978,6 +982,19 @@ def test_can_send_raising_on_a_timer_fails_that_request_and_the_next_goes_on():
     assert h.requests["b"] not in scope.requests
     h.release("c")
     assert h.clock.getDelayedCalls() == []
+
+
+def test_record_ending_raising_still_gives_the_place_back():
+    """A review: record_ending and record_done shared one try, so an error in the
+    first skipped the second and the scope stayed full for good."""
+    h = Harness()
+    scope = faulty_scope("site")
+    h.acquire("a", scope)
+    h.acquire("b", scope)
+    scope.manager.fail_once.add("record_ending")
+    h.release("a")
+    assert scope.manager.active == 1  # b's, not a's as well
+    assert h.names() == ["a", "b"]
 
 
 def test_record_sent_raising_gives_back_what_other_scopes_counted():
