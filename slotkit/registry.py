@@ -11,6 +11,7 @@ scope that has requests in flight or waiting, or a delay or hold running.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from slotkit.interfaces import IThrottlingScopeManager
 
 __all__ = ["Scope", "ScopeRegistry"]
+
+logger = logging.getLogger("slotkit")
 
 #: How many idle candidates one creation may evict; bounds the work per request.
 EVICTION_SCAN = 8
@@ -184,6 +187,8 @@ class ScopeRegistry:
         self.max_idle = max_idle
         self._on_evict = on_evict
         self._scopes: OrderedDict[str, Scope] = OrderedDict()
+        #: Scopes whose manager raised in is_idle() (logged once each).
+        self._idle_failed: set[str] = set()
         self.evicted = 0
 
     def get(self, scope_id: str) -> Scope:
@@ -242,7 +247,7 @@ class ScopeRegistry:
                 not scope.requests
                 and not scope.live_waiters
                 and now - scope.last_used >= 0.0
-                and scope.manager.is_idle(now, 0.0)
+                and self._is_idle(scope, now, 0.0)
             ):
                 self._dropped(scope)
             else:
@@ -258,13 +263,31 @@ class ScopeRegistry:
                 if not busy:
                     return  # the oldest idle scope is not old enough: none younger is
                 live.move_to_end(scope_id)
-            elif not busy and scope.manager.is_idle(now, max_idle):
+            elif not busy and self._is_idle(scope, now, max_idle):
                 del live[scope_id]
                 self._dropped(scope)
             else:
                 # Unused long enough but still held or backing off: keep it
                 # without letting it stop the scan of the scopes behind it.
                 live.move_to_end(scope_id)
+
+    def _is_idle(self, scope: Scope, now: float, max_idle: float) -> bool:
+        """The manager's ``is_idle``; one that raises keeps its scope (logged once).
+
+        Raising out of eviction failed an unrelated request (the one whose
+        new scope started the pass) and lost the scope, a hold included,
+        without stopping its timer.
+        """
+        try:
+            return bool(scope.manager.is_idle(now, max_idle))
+        except Exception:
+            if scope.id not in self._idle_failed:
+                self._idle_failed.add(scope.id)
+                logger.exception(
+                    "slotkit: the scope manager of %r raised in is_idle(); the scope is kept",
+                    scope.id,
+                )
+            return False
 
     def _dropped(self, scope: Scope) -> None:
         """*scope* left the registry: stop its timer and tell the owner."""

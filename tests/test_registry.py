@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from scrapy import Request
 from twisted.internet.task import Clock
 
@@ -145,6 +146,33 @@ def test_limit_zero_means_no_limit():
         registry.get(f"s{index}")
     assert len(registry) == 50
     assert evicted == []
+
+
+class IdleRaises(ThrottlingScopeManager):
+    def is_idle(self, now: float, max_idle: float) -> bool:
+        raise RuntimeError("bug in is_idle")
+
+
+class BuggyFactory(Factory):
+    """The scope "buggy" gets a user's manager whose is_idle() raises."""
+
+    def __call__(self, scope_id: str) -> Scope:
+        scope = super().__call__(scope_id)
+        return Scope(scope_id, IdleRaises(1, 0.0)) if scope_id == "buggy" else scope
+
+
+def test_a_manager_raising_in_is_idle_keeps_its_scope(caplog: pytest.LogCaptureFixture) -> None:
+    """A review: the error escaped into the request creating the next scope (an
+    unrelated site's), and the scope was gone, a hold and its timer with it."""
+    registry, clock, _, evicted = make_registry(limit=1, max_idle=1.0, factory=BuggyFactory())
+    registry.get("buggy")
+    clock.advance(10.0)
+    registry.get("other")  # over the limit and past max_idle: buggy is asked
+    clock.advance(10.0)
+    registry.get("third")  # asked again: logged once
+    assert "buggy" in registry
+    assert [scope.id for scope in evicted] == ["other"]
+    assert caplog.text.count("raised in is_idle()") == 1
 
 
 def test_eviction_work_per_creation_is_bounded():
