@@ -27,6 +27,7 @@ from slotkit.scope_ids import (
     DOWNLOAD_SLOT,
     held_site_ids,
     is_single_label_site,
+    netloc_keys,
     normalize_scopes,
     scope_kind,
 )
@@ -296,6 +297,13 @@ class ScopeControl:
             group = registrable_domain(ids[-1])
             if group not in ids:
                 ids.append(group)
+        # A "host:port" settings key keeps its case as the scope id of that
+        # port's requests ("API.example.com:8443"): the recipe's lower-case
+        # netloc held nothing they use (a review).
+        written = netloc_keys(self.crawler.settings)
+        for key in [written.get(held.lower()) for held in ids]:
+            if key is not None and key not in ids:
+                ids.append(key)
         now = self._clock.seconds()
         for held in ids:
             scope = self.registry.get(held)

@@ -341,6 +341,20 @@ def test_hold_scope_of_a_netloc_holds_its_hosts_scope(named, site):
     downloader.close()
 
 
+@pytest.mark.parametrize("named", ["api.example.com:8443", "API.example.com:8443"])
+def test_hold_scope_of_a_netloc_holds_the_scope_a_settings_key_names(named):
+    """A review: a "host:port" key keeps its case as its requests' scope id, so the
+    recipe's lower-case netloc held nothing they use."""
+    key = "API.example.com:8443"
+    downloader, clock = make_downloader({"THROTTLING_SCOPES": {key: {"concurrency": 2}}})
+    request = Request("https://api.example.com:8443/v1")
+    assert downloader.get_slot_key(request) == key
+    clock.advance(10.0)
+    downloader.hold_scope(named, HOLD)
+    assert downloader.time_until_ready(request) == HOLD
+    downloader.close()
+
+
 def test_hold_scope_of_a_custom_scope_holds_only_that_scope():
     downloader, _clock = make_downloader()
     for custom in ("API", "api:v2", "cost"):
