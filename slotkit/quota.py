@@ -135,7 +135,8 @@ class Quota:
         flight that the server's figure does not include yet, so resetting to
         the server's figure would let each window overspend by the requests
         in flight (measured: 23 per window against a limit of 20 at
-        concurrency 4). *consumed* adds (or gives back) units.
+        concurrency 4). *consumed* adds units, or gives back up to those
+        counted.
 
         Units the server counts beyond the local ones stay counted one
         window, except when the server says its quota is spent and when it
@@ -151,7 +152,10 @@ class Quota:
                     expires_in = min(self.window, reset_at - now)
                 self.spend(now, deficit, expires_in)
         elif consumed:
-            self.spend(now, consumed)
+            # A refund gives back at most what is counted: more (a server's
+            # bogus figure) took the count below zero, and a window below
+            # zero admits any amount, a burst of requests.
+            self.spend(now, max(consumed, -self.used(now)))
 
     def snapshot(self, now: float) -> tuple[float, float]:
         """Units counted at *now*, and when the last of them expires (for ``JOBDIR``).

@@ -354,6 +354,18 @@ def test_reconcile_consumed_and_remaining() -> None:
     assert scope.quota.used(0.0) == 5.0
 
 
+def test_a_refund_gives_back_no_more_than_is_counted() -> None:
+    """A review: consumed = -100 took the count to -95, and a count below zero
+    admitted any amount, ten requests of 10 units against a quota of 10."""
+    scope = ThrottlingScopeManager(concurrency=10, quota=10.0, window=WINDOW)
+    scope.record_sent(0.0, 5.0)
+    scope.reconcile_quota(consumed=-100.0, now=0.0)
+    assert scope.quota is not None
+    assert scope.quota.used(0.0) == 0.0
+    scope.record_sent(0.0, 10.0)
+    assert scope.can_send(0.0, 10.0) == math.inf  # the quota is spent until it ends
+
+
 def test_a_spent_server_quota_expires_at_its_reset_after_older_units() -> None:
     """Units the server reports spent, held by its 2 s reset, come back at the
     reset even when units of requests that ended earlier expire a window later."""

@@ -180,7 +180,13 @@ def _random_ops(seed: int, count: int):
             yield (
                 keys("b"),
                 quota_argv(
-                    now, worker, rng.choice([0.0, 1.0]), rng.choice([-1.0, 0.0, 2.0]), 3.0, 4.0
+                    # -5: a refund beyond what is counted stops at zero, in both.
+                    now,
+                    worker,
+                    rng.choice([0.0, 1.0, -5.0]),
+                    rng.choice([-1.0, 0.0, 2.0]),
+                    3.0,
+                    4.0,
                 ),
             )
         elif op < 0.985:

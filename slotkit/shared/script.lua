@@ -733,7 +733,9 @@ if op == 'quota' then
       if remaining >= 0 then
         st.qu = max(0, quota - remaining)
       else
-        st.qu = st.qu + consumed
+        -- A refund gives back at most what is counted: below zero, the
+        -- window would admit any amount.
+        st.qu = max(0, st.qu + consumed)
       end
     end
     save(skey, st, max(key_ttl, window))

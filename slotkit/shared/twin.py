@@ -245,8 +245,8 @@ class TwinStore(TwinKeys):
                 if widx == st.qw:  # (reservations may count a later window)
                     if remaining >= 0:
                         st.qu = max(0.0, quota - remaining)
-                    else:
-                        st.qu = st.qu + consumed
+                    else:  # a refund gives back at most what is counted
+                        st.qu = max(0.0, st.qu + consumed)
                 save(skey, st, max(key_ttl, window))
             return ["ok", count]
 
