@@ -235,7 +235,10 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
             # On the plain Twisted reactor the cancel reaches the transfer as a
             # failed response, the same failure a handler's own cancel-based
             # timeout gives: only this mark tells the caller's cancel apart.
-            self._cancelled.add(request)
+            # Not once it ended: the mark would outlive it, and a later fetch
+            # of the same request would take its own timeout for a cancel.
+            if not dfd.called:
+                self._cancelled.add(request)
             cancel()
 
         dfd.cancel = cancelled_by_caller  # type: ignore[method-assign]

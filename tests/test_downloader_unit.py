@@ -853,6 +853,32 @@ async def test_a_handler_cancelling_its_own_transfer_fails_as_it_says():
     downloader.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_cancelling_a_finished_fetch_leaves_no_mark_on_its_request():
+    """A review: the mark outlived the fetch, so the same request fetched again
+    (re-yielded with dont_filter) and cut off by its handler's own timeout would
+    have failed as cancelled by its caller: no backoff, no retry."""
+    from scrapy.exceptions import DownloadFailedError
+
+    downloader, _clock = make_downloader({"CONCURRENT_REQUESTS_PER_DOMAIN": 1})
+    handler = handler_of(downloader)
+    request = Request("https://a.example/1", meta={"cut_off_on_cancel": True})
+    dfd = downloader.fetch(request)
+    box = outcome(dfd)
+    await settle()
+    handler.finish(request.url)
+    await settle()
+    assert not isinstance(box[0], Failure)
+    dfd.cancel()  # too late: nothing to cancel
+    again = outcome(downloader.fetch(request))
+    await settle()
+    (_, pending) = handler.pending.pop()
+    pending.cancel()  # the handler's own timeout this time
+    await settle()
+    assert again[0].check(DownloadFailedError)
+    downloader.close()
+
+
 def test_a_servers_request_count_is_not_applied_to_a_cost_scope():
     """X-RateLimit-Remaining counts requests: it reconciles the scopes the request
     spends one unit in, not a scope where it names a cost."""
