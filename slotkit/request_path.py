@@ -63,6 +63,10 @@ __all__ = ["ABSENT", "RequestPath"]
 #: A meta key that was not there (see ``Downloader.fetch``, which puts it back).
 ABSENT = object()
 
+#: Re-sends in a row that went out at once, held back by nothing, after which
+#: a request's next rate-limited answer is handed on rather than re-sent.
+UNHELD_RESENDS = 3
+
 
 class RequestPath:
     """``_download``, ``_acquire`` and ``_transfer`` of the Downloader (a base of it)."""
@@ -141,6 +145,8 @@ class RequestPath:
         self._meta_keys.check(request.meta)
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
+        # Re-sends in a row that nothing held back (see UNHELD_RESENDS).
+        unheld = 0
         #: The rate-limited answer this request waits to replace (None: not sent yet),
         #: and the same while Scrapy's downloader stats have not counted it.
         answered: Response | None = None
@@ -208,12 +214,15 @@ class RequestPath:
                     return response
                 if limited_since is None:
                     limited_since = self._clock.seconds()
-                if answered is not None and not ticket.held:
-                    # Its re-send went out at once: nothing in its scopes slows
-                    # down on a signal (a custom manager that takes no backoff).
-                    # Re-sent again it would loop at the server's pace (a probe:
-                    # 280 requests in 5 s for 3 pages); RetryMiddleware's limits
-                    # decide instead.
+                unheld = unheld + 1 if answered is not None and not ticket.held else 0
+                if unheld >= UNHELD_RESENDS:
+                    # Its last re-sends went out at once: nothing in its scopes
+                    # slows down on a signal (a custom manager that takes no
+                    # backoff). Re-sent again and again it would loop at the
+                    # server's pace (a probe: 1,757 requests in 3 s for one
+                    # page); RetryMiddleware's limits decide instead. One or
+                    # two are normal: a rampup scope's 429 within its target,
+                    # the slow answer of a burst that already took its step.
                     self.resender.unheld(request, response, scopes)
                     return response
                 if not self.resender.should_resend(request, response, scopes, limited_since):

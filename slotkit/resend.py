@@ -27,10 +27,11 @@ Limits, so that a site that never recovers cannot keep a crawl alive:
   queued behind newcomers, it would take the 429s for all of them.
 * A scope where a request stalled is marked stalled: its next signals are
   handed on at once, until one of its responses is not a signal.
-* A re-send that went out at once (no scope held it back: a custom scope
-  manager that takes no backoff, such as the spec's fixed-window one) and
-  was rate limited again is handed on (``throttling/backoff/handed_on_unheld``):
-  re-sent again and again it would ask as fast as the server answers.
+* After three re-sends in a row that went out at once (no scope held them
+  back: a custom scope manager that takes no backoff, such as the spec's
+  fixed-window one), the next rate-limited answer is handed on
+  (``throttling/backoff/handed_on_unheld``): re-sent again and again the
+  request would ask as fast as the server answers.
 * Cookies follow the re-send as they follow a retry: a re-send goes out
   below the middlewares, so slotkit hands the answer to the crawl's
   ``CookiesMiddleware`` (its jar keeps what ``Set-Cookie`` set) and lets it
@@ -168,8 +169,8 @@ class Resender:
         return True
 
     def unheld(self, request: Request, response: Response, scopes: list[Scope]) -> None:
-        """*request*'s re-send went out at once and was rate limited again: its
-        *response* is handed on (see the module's limits)."""
+        """*request*'s last re-sends went out at once and it was rate limited
+        again: its *response* is handed on (see the module's limits)."""
         self._stats.inc("backoff/handed_on_unheld")
         logger.debug(
             "slotkit: %s answered %d again, and nothing in %s held its re-send back "

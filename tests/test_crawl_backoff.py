@@ -318,8 +318,8 @@ class TakesNoBackoff(ThrottlingScopeManager):
 @pytest_twisted.ensureDeferred
 async def test_a_resend_nothing_held_back_is_not_resent_again(mock_site: MockSite) -> None:
     """An acceptance probe: with a scope manager taking no backoff, every 429 was
-    re-sent at once, 280 requests in 5 s for 3 pages. The re-send that nothing
-    held is handed on after its own 429; RetryMiddleware's RETRY_TIMES bounds it."""
+    re-sent at once, 280 requests in 5 s for 3 pages. After three re-sends that
+    nothing held, the next 429 is handed on; RetryMiddleware's RETRY_TIMES bounds it."""
     mock_site.set_behaviour(HOST, always(429))
     settings = {
         **SLOTKIT,
@@ -328,11 +328,60 @@ async def test_a_resend_nothing_held_back_is_not_resent_again(mock_site: MockSit
         "THROTTLING_SCOPES": {HOST: {"manager": TakesNoBackoff}},
     }
     result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
-    # The first try and the first retry: an attempt and its re-send; the last
-    # retry, which RetryMiddleware would not retry again, is handed on at once.
-    assert mock_site.recorder.count(HOST) == 2 + 2 + 1
+    # The first try and the first retry: an attempt and three re-sends; the
+    # last retry, which RetryMiddleware would not retry again, is handed on.
+    assert mock_site.recorder.count(HOST) == 4 + 4 + 1
     assert result.stats["throttling/backoff/handed_on_unheld"] == 2
     assert result.stats["retry/max_reached"] == 1
+
+
+def slow_first_429() -> Any:
+    """/page/1: one quick 429. /page/2: a 429 that comes after /page/1's step and
+    re-send (same burst: no step of its own), then a quick one."""
+    tries: dict[str, int] = {}
+
+    def behaviour(request: Any, n: int) -> Reply | None:
+        path = request.path.decode()
+        tried = tries[path] = tries.get(path, 0) + 1
+        if path.endswith("/page/1") and tried == 1:
+            return Reply(429, {}, b"later", 0.02)
+        if path.endswith("/page/2") and tried <= 2:
+            return Reply(429, {}, b"later", 0.6 if tried == 1 else 0.02)
+        return None
+
+    return behaviour
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "settings", "count"),
+    [
+        pytest.param(
+            lambda: fail_first(3, 429, delay=0.05),
+            {"RETRY_TIMES": 1, "THROTTLING_SCOPES": {HOST: {"rampup": True}}},
+            1,
+            id="rampup-429-within-target",
+        ),
+        pytest.param(
+            slow_first_429, {"CONCURRENT_REQUESTS_PER_DOMAIN": 2}, 2, id="slow-429-of-a-burst"
+        ),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_a_resend_that_went_at_once_for_a_good_reason_is_resent_again(
+    mock_site: MockSite, behaviour: Any, settings: dict[str, Any], count: int
+) -> None:
+    """A review: handing on after one re-send that nothing held cost slotkit's own
+    scopes a retry (and, with RETRY_TIMES = 1, the page): a rampup scope's 429
+    within its target takes no step, nor does the slow answer of a burst."""
+    mock_site.set_behaviour(HOST, behaviour())
+    result = await run_crawl(
+        ListSpider,
+        {**SLOTKIT, "BACKOFF_MIN_DELAY": 0.2, **settings},
+        urls=[mock_site.url(HOST, f"/page/{n + 1}") for n in range(count)],
+    )
+    assert [r.status for r in result.responses] == [200] * count
+    assert "retry/count" not in result.stats
+    assert "throttling/backoff/handed_on_unheld" not in result.stats
 
 
 def cookie_challenge(request: Any, n: int) -> Reply | None:
