@@ -58,6 +58,7 @@ def parse(headers: Any, now: float = NOW) -> RateLimitHint:
         # Not RFC 9110's, but a server sending one means it (see parse_delta_seconds).
         pytest.param("1.5", 1.5, id="fraction"),
         pytest.param("2.0", 2.0, id="fraction-integral"),
+        pytest.param("0.01", 1.0, id="fraction-below-one-second"),
         pytest.param(".5", None, id="fraction-no-int"),
         pytest.param("1e3", None, id="exponent"),
         pytest.param("1_000", None, id="underscore"),
