@@ -115,7 +115,7 @@ class Quota:
         self.spend(now, spent)
 
     def spend(self, now: float, amount: float, expires_in: float | None = None) -> None:
-        """Count *amount* units (negative gives units back) for one window from *now*."""
+        """Count *amount* units (negative: a refund, see _refund) for one window from *now*."""
         expires_at = now + (self.window if expires_in is None else expires_in)
         entries = self._entries
         if entries and expires_at < entries[-1][0]:
@@ -151,11 +151,48 @@ class Quota:
                 if remaining <= 0 and reset_at is not None and reset_at > now:
                     expires_in = min(self.window, reset_at - now)
                 self.spend(now, deficit, expires_in)
+        elif consumed and consumed > 0:
+            self.spend(now, consumed)
         elif consumed:
-            # A refund gives back at most what is counted: more (a server's
-            # bogus figure) took the count below zero, and a window below
-            # zero admits any amount, a burst of requests.
-            self.spend(now, max(consumed, -self.used(now)))
+            self._refund(now, -consumed)
+
+    def _refund(self, now: float, amount: float) -> None:
+        """Give back up to *amount* counted units, never taking the count below zero.
+
+        First those of requests in flight (the response being reconciled is
+        usually one of them), as a negative entry: it expires a window from
+        now, before their units do (a window after they end). The rest off
+        the counted entries, newest first, past the units earlier negative
+        entries already cancel, so it expires with them. A negative entry
+        that outlived the units it cancelled took the count below zero, and
+        a window below zero admits any amount: a burst (a review).
+        """
+        self._expire(now)
+        amount = min(amount, max(0.0, self._used))
+        entries = self._entries
+        cancelled = -sum(units for _, units in entries if units < 0)
+        in_flight = sum(units for _, units in self._in_flight)
+        first = min(amount, max(0.0, in_flight - cancelled))
+        if first > 0:
+            self.spend(now, -first)
+            amount -= first
+            cancelled += first
+        # The newest counted units stand for those of requests that were in
+        # flight when a negative entry was made: they end last.
+        keep = max(0.0, cancelled - in_flight)
+        index = len(entries) - 1
+        while amount > 0 and index >= 0:
+            expires_at, units = entries[index]
+            index -= 1
+            if units <= 0:
+                continue
+            kept = min(units, keep)
+            keep -= kept
+            taken = min(units - kept, amount)
+            if taken > 0:
+                entries[index + 1] = (expires_at, units - taken)
+                self._used -= taken
+                amount -= taken
 
     def snapshot(self, now: float) -> tuple[float, float]:
         """Units counted at *now*, and when the last of them expires (for ``JOBDIR``).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from scrapy.settings import Settings
@@ -364,6 +365,44 @@ def test_a_refund_gives_back_no_more_than_is_counted() -> None:
     assert scope.quota.used(0.0) == 0.0
     scope.record_sent(0.0, 10.0)
     assert scope.can_send(0.0, 10.0) == math.inf  # the quota is spent until it ends
+
+
+def test_a_refund_expires_with_the_units_it_gave_back() -> None:
+    """A review: a refund counted as a negative entry expiring a window after it,
+    so once the units it cancelled expired the count went below zero again, and
+    20 units went at once against a limit of 10."""
+    quota = Quota(limit=10.0, window=60.0)
+    for _ in range(10):
+        quota.start(0.0, 1.0)
+        quota.finish(0.0, 0.0, 1.0)  # ten units, expiring at t=60
+    quota.reconcile(30.0, consumed=-100.0, remaining=None)
+    assert quota.used(30.0) == 0.0
+    admitted = 0
+    while quota.wait(61.0, 1.0) == 0.0 and admitted < 100:
+        quota.start(61.0, 1.0)
+        admitted += 1
+    assert admitted == 10
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_refunds_never_take_the_count_below_zero(seed: int) -> None:
+    """Starts, ends, charges and refunds in any order: the count stays >= 0."""
+    rng = random.Random(seed)
+    quota, now, flying = Quota(limit=10.0, window=5.0), 0.0, []
+    for _ in range(300):
+        now += rng.choice([0.0, 0.5, 2.0, 6.0])
+        action = rng.random()
+        if action < 0.35:
+            amount = rng.choice([1.0, 2.5])
+            quota.start(now, amount)
+            flying.append((now, amount))
+        elif action < 0.6 and flying:
+            sent_at, amount = flying.pop(rng.randrange(len(flying)))
+            quota.finish(now, sent_at, amount)
+        else:
+            quota.reconcile(now, consumed=rng.choice([-100.0, -3.0, -1.0, 2.0]), remaining=None)
+        quota.wait(now, 1.0)  # expires what is due
+        assert quota._used >= -1e-9
 
 
 def test_a_spent_server_quota_expires_at_its_reset_after_older_units() -> None:
