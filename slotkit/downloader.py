@@ -28,7 +28,7 @@ from twisted.internet.defer import Deferred
 from slotkit.clock import default_clock
 from slotkit.closing import REQUEUED, SpiderClosing, restore_filtering
 from slotkit.crowding import CrowdingWatch
-from slotkit.dns import AddressLookups
+from slotkit.dns import AddressLookups, cached_ip
 from slotkit.feedback import Feedback
 from slotkit.gate import Gate
 from slotkit.manager import (
@@ -313,22 +313,33 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         them in one sub-queue. A request of several scopes gets a sub-queue
         of its own for that set (``"api & users"``): at the head of its first
         scope's, waiting on another scope, it held back every request that
-        needed the first scope alone (a probe: none of 20 sent in 8 s). Its
-        address (``CONCURRENT_REQUESTS_PER_IP``) does not count: it follows
-        the host, as the requests' first scope does.
+        needed the first scope alone (a probe: none of 20 sent in 8 s). The
+        address ``CONCURRENT_REQUESTS_PER_IP`` adds does not count, nor does
+        the group a paced site joined: they follow the site.
         """
         scopes = self.known_scopes(request)
         if not scopes:
             return self.get_slot_key(request)
-        if self.crawl_delays is not None:
-            found = self.crawl_delays.site_delay(request)
-            if found is not None and found[0] in scopes:
-                return found[0]
         first = next(iter(scopes))
         if len(scopes) == 1:
             return first
-        others = [s for s in scopes if s != first and not self.is_address_of_host(request, s)]
-        return SCOPES_JOINED.join([first, *sorted(others)]) if others else first
+        # Scopes that follow from the site, as the first one does: they hold
+        # all of a sub-queue's requests alike.
+        derived = {self._derived_address(request)}
+        if self.crawl_delays is not None:
+            found = self.crawl_delays.site_delay(request)
+            if found is not None and found[0] in scopes and found[0] != first:
+                derived.add(first)  # the group the paced site joined
+                first = found[0]
+        others = sorted(s for s in scopes if s != first and s not in derived)
+        return SCOPES_JOINED.join([first, *others]) if others else first
+
+    def _derived_address(self, request: Request) -> str | None:
+        """The address ``CONCURRENT_REQUESTS_PER_IP`` adds to *request*'s scopes, if any."""
+        if not self.config.ip_concurrency:
+            return None
+        host = urlparse_cached(request).hostname
+        return cached_ip(host) if host else None
 
     def delay_left(self, request: Request) -> float:
         """Seconds left of *request*'s ``throttling_delay`` (0.0: none, or over).

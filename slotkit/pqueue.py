@@ -240,9 +240,11 @@ class ThrottlingAwarePriorityQueue(SlotChoice):
         self._heads[slot] = (head, scopes)
         base = slot.removesuffix(DELAYED).removesuffix(CACHED)
         leader = leading_scope(base, scopes)
-        if leader != base:
-            self._led[slot] = leader
-            self._led_by.setdefault(leader, set()).add(slot)
+        if self._led.get(slot) != leader:
+            self._unlead(slot)  # a custom manager may answer another set now
+            if leader != base:
+                self._led[slot] = leader
+                self._led_by.setdefault(leader, set()).add(slot)
         return head
 
     def _take(self, slot: str) -> Request | None:
@@ -270,12 +272,17 @@ class ThrottlingAwarePriorityQueue(SlotChoice):
             self._order.discard(slot)
             self._ranks.forget(slot)
             self._failing.discard(slot)
-            if (leader := self._led.pop(slot, None)) is not None:
-                led = self._led_by[leader]
-                led.discard(slot)
-                if not led:
-                    del self._led_by[leader]
+            self._unlead(slot)
         return request
+
+    def _unlead(self, slot: str) -> None:
+        """*slot* is no longer led by the scope it was (see ``_led``)."""
+        leader = self._led.pop(slot, None)
+        if leader is not None:
+            led = self._led_by[leader]
+            led.discard(slot)
+            if not led:
+                del self._led_by[leader]
 
     def departed(self, slot: str) -> None:
         """A request of *slot* left the downloader: a finite wait remembered for it

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from slotkit.pqueue_order import Rank
 from slotkit.pqueue_quota import QuotaShares, Terms
-from slotkit.pqueue_slot import DELAYED, leading_scope
+from slotkit.pqueue_slot import CACHED, DELAYED, leading_scope
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -57,6 +57,8 @@ class SlotRanks:
         A slot of several scopes (see ``Downloader.queue_key``) counts as its
         head's first scope (*scopes*), as it would under that scope's name.
         """
+        if slot.endswith(CACHED):
+            return 0  # the cache answers its requests: no scope holds them
         slot = slot.removesuffix(DELAYED)  # a delayed sub-queue counts as its slot
         slot = leading_scope(slot, scopes)
         downloader: Any = self.readiness.downloader

@@ -1028,6 +1028,41 @@ def test_a_request_held_by_its_second_scope_does_not_hold_back_its_first() -> No
     assert url_of(queue.pop_ready()) == "http://a.example/1"
 
 
+@pytest.mark.parametrize(
+    ("settings", "meta_scopes", "key"),
+    [
+        # A review: a Crawl-delay of the site put {site, users} back in the site's.
+        ({"ROBOTSTXT_OBEY": True}, ["s.example.com", "users"], "s.example.com & users"),
+        # The group a paced site joined follows the site: no set.
+        (
+            {"ROBOTSTXT_OBEY": True, "THROTTLING_DOMAIN_GROUPING": "registrable_domain"},
+            None,
+            "s.example.com",
+        ),
+        # An address the user names is a scope like any other (a review) ...
+        ({}, ["api", "10.0.0.5"], "api & 10.0.0.5"),
+        # ... while the one CONCURRENT_REQUESTS_PER_IP adds follows the host.
+        ({"CONCURRENT_REQUESTS_PER_IP": 2}, None, "s.example.com"),
+    ],
+)
+def test_which_scopes_make_a_sub_queue_of_several(
+    settings: dict[str, Any], meta_scopes: list[str] | None, key: str
+) -> None:
+    from scrapy.resolver import dnscache
+
+    _, downloader, _, _, _ = slotkit_setup(settings)
+    if downloader.crawl_delays is not None:
+        downloader.crawl_delays.delays["s.example.com"] = 0.5
+    meta = {} if meta_scopes is None else {"throttling_scopes": meta_scopes}
+    request = Request("http://s.example.com/1", meta=meta)
+    dnscache["s.example.com"] = "10.0.0.7"
+    try:
+        assert len(downloader.known_scopes(request)) == 2
+        assert downloader.queue_key(request) == key
+    finally:
+        del dnscache["s.example.com"]
+
+
 def test_a_sub_queue_of_several_scopes_ranks_and_wakes_as_its_first() -> None:
     """It is named after no scope: it counts its first scope's busy requests and
     hears of that scope's departures, as a sub-queue under that name would."""
