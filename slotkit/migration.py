@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from slotkit.validation import _number, as_bool, per_ip_limit
+from slotkit.validation import _number, as_bool, per_ip_limit, randomize_jitter
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -176,10 +176,10 @@ def migration_report(settings: BaseSettings) -> list[Change]:
     if settings.getbool("AUTOTHROTTLE_ENABLED"):
         changes += _autothrottle_changes(settings)
     if _explicit(settings, "RANDOMIZE_DOWNLOAD_DELAY"):
-        jitter = 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
-        changes.append(
-            Change("DOWNLOAD_DELAY_JITTER", jitter, "replaces the boolean RANDOMIZE_DOWNLOAD_DELAY")
-        )
+        # Read as slotkit reads it: a factor (0.2, 1.0) or a pair, besides the boolean.
+        low, high = randomize_jitter(settings)
+        jitter: float | list[float] = high if low == -high else [low, high]
+        changes.append(Change("DOWNLOAD_DELAY_JITTER", jitter, "replaces RANDOMIZE_DOWNLOAD_DELAY"))
     if per_ip_limit(settings) > 0:
         reason = "CONCURRENT_REQUESTS_PER_IP needs a queue that knows IP scopes"
         # The delay the project ends up with: AutoThrottle's start delay counts.

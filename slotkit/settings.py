@@ -40,10 +40,10 @@ from slotkit.validation import (
     _integer,
     _number,
     as_bool,
-    command_line_pair,
     dict_setting,
     parse_jitter,
     per_ip_setting,
+    randomize_jitter,
 )
 
 if TYPE_CHECKING:
@@ -78,39 +78,8 @@ def _default_jitter(settings: BaseSettings) -> Jitter:
     randomize_priority = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
     jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
     if randomize_priority > default_priority and randomize_priority > jitter_priority:
-        return _randomize_jitter(settings)
+        return randomize_jitter(settings)
     return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
-
-
-def _randomize_jitter(settings: BaseSettings) -> Jitter:
-    """``RANDOMIZE_DOWNLOAD_DELAY``: Scrapy's boolean, or the spec's factor or pair.
-
-    ``True``/``False`` (and the integers 0 and 1 and their strings, as
-    Scrapy reads them) mean ±50% or none; any other number is a factor (0.2
-    means ±20%; 1.0, a float, ±100%), and a ``[low, high]`` pair multiplies
-    the delay by ``1 + uniform(low, high)``.
-    """
-    where = "RANDOMIZE_DOWNLOAD_DELAY"
-    raw = settings.get(where)
-    # A pair, also written "[-0.1,0.3]" on the command line: parse_jitter reads both.
-    if isinstance(command_line_pair(raw), (list, tuple)):
-        return parse_jitter(where, raw)
-    factor = raw if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
-    if isinstance(raw, str):
-        try:
-            factor = float(raw)
-        except ValueError:
-            factor = None
-    # Scrapy's boolean reads 1 and "1"; the spec's factor 1.0 is a float.
-    boolean = isinstance(raw, int) or (isinstance(raw, str) and raw.strip() in ("0", "1"))
-    if factor is not None and not (boolean and factor in (0, 1)):
-        return parse_jitter(where, factor)
-    try:
-        return parse_jitter(where, as_bool(settings, where))
-    except SettingsError:
-        raise SettingsError(
-            f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair (got {raw!r})"
-        ) from None
 
 
 #: Values of ``THROTTLING_DOMAIN_GROUPING``: one scope per host name, or per

@@ -58,6 +58,17 @@ def test_explicit_slotkit_settings_win() -> None:
     assert settings.backoff.max_delay == 42.0
 
 
+@pytest.mark.parametrize(
+    ("value", "jitter"),
+    [(False, "0.0"), (True, "0.5"), (0.2, "0.2"), (1.0, "1.0"), ([-0.1, 0.3], "[-0.1, 0.3]")],
+)
+def test_migrate_reads_randomize_download_delay_as_slotkit_does(value: object, jitter: str) -> None:
+    """A review: a factor (0.2, the float 1.0) was read as Scrapy's boolean, so the
+    report suggested a jitter other than the one the crawl ran with."""
+    changes = migration_report(Settings({"RANDOMIZE_DOWNLOAD_DELAY": value}, priority="project"))
+    assert f"DOWNLOAD_DELAY_JITTER = {jitter}" in format_report(changes)
+
+
 def test_migrate_report_lists_every_change() -> None:
     """The report names each replacement with a note."""
     text = format_report(
