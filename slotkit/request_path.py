@@ -63,9 +63,13 @@ __all__ = ["ABSENT", "RequestPath"]
 #: A meta key that was not there (see ``Downloader.fetch``, which puts it back).
 ABSENT = object()
 
-#: Re-sends in a row that went out at once, held back by nothing, after which
-#: a request's next rate-limited answer is handed on rather than re-sent.
+#: Re-sends in a row that went out quickly (see QUICK_RESEND), after which a
+#: request's next rate-limited answer is handed on rather than re-sent.
 UNHELD_RESENDS = 3
+#: A re-send that waited less than this, in seconds, was not really held back:
+#: not by a backoff step (BACKOFF_MIN_DELAY), nor by a server's wait worth
+#: the name (a reset of 10 ms), nor by a moment's wait for a concurrency place.
+QUICK_RESEND = 0.1
 
 
 class RequestPath:
@@ -145,8 +149,9 @@ class RequestPath:
         self._meta_keys.check(request.meta)
         # When the first rate-limit signal came (BACKOFF_RESEND_TIMEOUT runs from it).
         limited_since: float | None = None
-        # Re-sends in a row that nothing held back (see UNHELD_RESENDS).
+        # Re-sends in a row that went out quickly (see UNHELD_RESENDS).
         unheld = 0
+        asked = 0.0
         #: The rate-limited answer this request waits to replace (None: not sent yet),
         #: and the same while Scrapy's downloader stats have not counted it.
         answered: Response | None = None
@@ -158,6 +163,7 @@ class RequestPath:
         try:
             while True:
                 try:
+                    asked = self._clock.seconds()
                     ticket = await self._acquire(
                         request, scopes, amounts, delay, None if limited_since is None else arrived
                     )
@@ -214,15 +220,18 @@ class RequestPath:
                     return response
                 if limited_since is None:
                     limited_since = self._clock.seconds()
-                unheld = unheld + 1 if answered is not None and not ticket.held else 0
+                quick = ticket.left_at - asked < QUICK_RESEND
+                unheld = unheld + 1 if answered is not None and quick else 0
                 if unheld >= UNHELD_RESENDS:
-                    # Its last re-sends went out at once: nothing in its scopes
+                    # Its last re-sends went out quickly: nothing in its scopes
                     # slows down on a signal (a custom manager that takes no
-                    # backoff). Re-sent again and again it would loop at the
-                    # server's pace (a probe: 1,757 requests in 3 s for one
-                    # page); RetryMiddleware's limits decide instead. One or
-                    # two are normal: a rampup scope's 429 within its target,
-                    # the slow answer of a burst that already took its step.
+                    # backoff; a server's reset of 10 ms). Re-sent again and
+                    # again it would loop at the server's pace (probes: 1,757
+                    # requests in 3 s for one page; 2,569 for two pages taking
+                    # turns at one concurrency place); RetryMiddleware's limits
+                    # decide instead. One or two are normal: a rampup scope's
+                    # 429 within its target, the slow answer of a burst that
+                    # already took its step.
                     self.resender.unheld(request, response, scopes)
                     return response
                 if not self.resender.should_resend(request, response, scopes, limited_since):
@@ -257,14 +266,12 @@ class RequestPath:
             return ticket
         entered = self._clock.seconds()
         waiting = self.gate.acquire(request, scopes, amounts, request.priority, delay, arrived)
-        held = not waiting.called  # fired at once: nothing held it after all
         self.stats.waiting(len(self.gate.waiting))
         if self.config.debug:
             logger.debug("slotkit: %s waits for %s", request, [repr(s) for s in scopes])
         # A cancel between the gate's admission and this coroutine resuming
         # gives the ticket (and its scopes' slots) back.
         ticket = await take(waiting, self.gate.release)
-        ticket.held = held
         self.stats.waited(self._clock.seconds() - entered)
         return ticket
 

@@ -27,9 +27,10 @@ Limits, so that a site that never recovers cannot keep a crawl alive:
   queued behind newcomers, it would take the 429s for all of them.
 * A scope where a request stalled is marked stalled: its next signals are
   handed on at once, until one of its responses is not a signal.
-* After three re-sends in a row that went out at once (no scope held them
-  back: a custom scope manager that takes no backoff, such as the spec's
-  fixed-window one), the next rate-limited answer is handed on
+* After three re-sends in a row that went out quickly (each waited less
+  than ``QUICK_RESEND``, 0.1 s: a custom scope manager that takes no
+  backoff, such as the spec's fixed-window one, or a server's reset of a
+  few milliseconds), the next rate-limited answer is handed on
   (``throttling/backoff/handed_on_unheld``): re-sent again and again the
   request would ask as fast as the server answers.
 * Cookies follow the re-send as they follow a retry: a re-send goes out
@@ -169,13 +170,13 @@ class Resender:
         return True
 
     def unheld(self, request: Request, response: Response, scopes: list[Scope]) -> None:
-        """*request*'s last re-sends went out at once and it was rate limited
+        """*request*'s last re-sends went out quickly and it was rate limited
         again: its *response* is handed on (see the module's limits)."""
         self._stats.inc("backoff/handed_on_unheld")
         logger.debug(
-            "slotkit: %s answered %d again, and nothing in %s held its re-send back "
-            "(a scope manager that takes no backoff?); handing it on to the retry "
-            "middleware",
+            "slotkit: %s answered %d again, and nothing in %s held its re-sends back "
+            "(a scope manager that takes no backoff, or a server's wait of "
+            "milliseconds?); handing it on to the retry middleware",
             request,
             response.status,
             [scope.id for scope in scopes],

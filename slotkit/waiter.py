@@ -41,7 +41,6 @@ class Waiter:
         "sent_at",
         "left_at",
         "released",
-        "held",
     )
 
     def __init__(
@@ -67,9 +66,6 @@ class Waiter:
         #: layer made it wait after the gate (the shared store's reservation).
         self.left_at = 0.0
         self.released = False
-        #: Whether something made it wait (a delay, a full scope, a store's
-        #: reservation) rather than letting it through the moment it came.
-        self.held = False
 
     def __lt__(self, other: Waiter) -> bool:  # heap ties never reach here; keys are unique
         return self.key < other.key

@@ -315,24 +315,49 @@ class TakesNoBackoff(ThrottlingScopeManager):
         pass
 
 
+@pytest.mark.parametrize(
+    ("answer", "settings", "count"),
+    [
+        pytest.param(
+            {}, {"THROTTLING_SCOPES": {HOST: {"manager": TakesNoBackoff}}}, 1, id="no-backoff"
+        ),
+        # A review: two pages taking turns at one place each waited a moment
+        # for the other's transfer, which counted as held (2,569 requests).
+        pytest.param(
+            {},
+            {
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+                "THROTTLING_SCOPES": {HOST: {"manager": TakesNoBackoff}},
+            },
+            2,
+            id="no-backoff-taking-turns",
+        ),
+        # A review: a server's 10 ms reset held each re-send 10 ms (247 requests).
+        pytest.param(
+            {"RateLimit-Remaining": "0", "RateLimit-Reset": "0.01"}, {}, 1, id="10-ms-reset"
+        ),
+    ],
+)
 @pytest_twisted.ensureDeferred
-async def test_a_resend_nothing_held_back_is_not_resent_again(mock_site: MockSite) -> None:
+async def test_a_resend_nothing_held_back_is_not_resent_again(
+    mock_site: MockSite, answer: dict[str, str], settings: dict[str, Any], count: int
+) -> None:
     """An acceptance probe: with a scope manager taking no backoff, every 429 was
-    re-sent at once, 280 requests in 5 s for 3 pages. After three re-sends that
-    nothing held, the next 429 is handed on; RetryMiddleware's RETRY_TIMES bounds it."""
-    mock_site.set_behaviour(HOST, always(429))
+    re-sent at once, 280 requests in 5 s for 3 pages. After three re-sends that went
+    out quickly, the next 429 is handed on; RetryMiddleware's RETRY_TIMES bounds it."""
+    mock_site.set_behaviour(HOST, always(429, answer))
     settings = {
         **SLOTKIT,
         "RETRY_TIMES": 2,
         "BACKOFF_RESEND_TIMEOUT": 3,  # ends the old code's loop too
-        "THROTTLING_SCOPES": {HOST: {"manager": TakesNoBackoff}},
+        **settings,
     }
-    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, 1))
+    result = await run_crawl(ListSpider, settings, urls=pages(mock_site, HOST, count))
     # The first try and the first retry: an attempt and three re-sends; the
     # last retry, which RetryMiddleware would not retry again, is handed on.
-    assert mock_site.recorder.count(HOST) == 4 + 4 + 1
-    assert result.stats["throttling/backoff/handed_on_unheld"] == 2
-    assert result.stats["retry/max_reached"] == 1
+    assert mock_site.recorder.count(HOST) == (4 + 4 + 1) * count
+    assert result.stats["throttling/backoff/handed_on_unheld"] == 2 * count
+    assert result.stats["retry/max_reached"] == count
 
 
 def slow_first_429() -> Any:

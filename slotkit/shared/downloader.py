@@ -185,7 +185,6 @@ class SharedDownloader(Downloader):
         # The reservation may have waited: backoff's "sent before the step?"
         # must see when the request really left.
         ticket.left_at = now = self._clock.seconds()
-        ticket.held = ticket.held or shared_pass.waited
         # The wait stats cover the whole wait, the store's part included.
         if ticket.enqueued_at > 0:  # the local gate counted this request already
             self.stats.inc("wait_time_total", now - admitted)
