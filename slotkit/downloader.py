@@ -29,6 +29,7 @@ from slotkit.clock import default_clock
 from slotkit.closing import REQUEUED, SpiderClosing, restore_filtering
 from slotkit.crowding import CrowdingWatch
 from slotkit.dns import AddressLookups, cached_ip
+from slotkit.domains import registrable_domain
 from slotkit.feedback import Feedback
 from slotkit.gate import Gate
 from slotkit.manager import (
@@ -329,10 +330,22 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         if self.crawl_delays is not None:
             found = self.crawl_delays.site_delay(request)
             if found is not None and found[0] in scopes and found[0] != first:
-                derived.add(first)  # the group the paced site joined
+                if self._groups(request, first, found[0]):
+                    derived.add(first)  # the group the paced site joined
                 first = found[0]
         others = sorted(s for s in scopes if s != first and s not in derived)
         return SCOPES_JOINED.join([first, *others]) if others else first
+
+    def _groups(self, request: Request, scope_id: str, site: str) -> bool:
+        """Whether *scope_id* is the group *request*'s *site* belongs to (its
+        registrable domain, its ``download_slot``), not a scope named for it."""
+        if self.config.domain_grouping == "registrable_domain" and scope_id == registrable_domain(
+            site
+        ):
+            return True
+        meta = request.meta
+        slot = meta.get(DOWNLOAD_SLOT)
+        return slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) == scope_id
 
     def _derived_address(self, request: Request) -> str | None:
         """The address ``CONCURRENT_REQUESTS_PER_IP`` adds to *request*'s scopes, if any."""

@@ -1031,8 +1031,11 @@ def test_a_request_held_by_its_second_scope_does_not_hold_back_its_first() -> No
 @pytest.mark.parametrize(
     ("settings", "meta_scopes", "key"),
     [
-        # A review: a Crawl-delay of the site put {site, users} back in the site's.
+        # A review: a Crawl-delay of the site put {site, users} back in the site's,
+        # in whatever order, and when the site joined the scope named alone.
         ({"ROBOTSTXT_OBEY": True}, ["s.example.com", "users"], "s.example.com & users"),
+        ({"ROBOTSTXT_OBEY": True}, ["users", "s.example.com"], "s.example.com & users"),
+        ({"ROBOTSTXT_OBEY": True}, ["users"], "s.example.com & users"),
         # The group a paced site joined follows the site: no set.
         (
             {"ROBOTSTXT_OBEY": True, "THROTTLING_DOMAIN_GROUPING": "registrable_domain"},
