@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from slotkit.validation import _number, as_bool, per_ip_limit, randomize_jitter
+from slotkit.validation import _number, as_bool, default_jitter, per_ip_limit
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -176,8 +176,9 @@ def migration_report(settings: BaseSettings) -> list[Change]:
     if settings.getbool("AUTOTHROTTLE_ENABLED"):
         changes += _autothrottle_changes(settings)
     if _explicit(settings, "RANDOMIZE_DOWNLOAD_DELAY"):
-        # Read as slotkit reads it: a factor (0.2, 1.0) or a pair, besides the boolean.
-        low, high = randomize_jitter(settings)
+        # What the crawl runs with: a factor (0.2, 1.0) or a pair, besides the
+        # boolean, and DOWNLOAD_DELAY_JITTER when it was set above it.
+        low, high = default_jitter(settings)
         jitter: float | list[float] = high if low == -high else [low, high]
         changes.append(Change("DOWNLOAD_DELAY_JITTER", jitter, "replaces RANDOMIZE_DOWNLOAD_DELAY"))
     if per_ip_limit(settings) > 0:

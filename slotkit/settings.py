@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from scrapy.settings import SETTINGS_PRIORITIES
-
 from slotkit.backoff import BackoffRules, read_backoff, scope_backoff
 from slotkit.migration import SOURCE as AUTOTHROTTLE_SOURCE
 from slotkit.migration import AutoThrottleMapping, autothrottle_mapping
@@ -40,10 +38,10 @@ from slotkit.validation import (
     _integer,
     _number,
     as_bool,
+    default_jitter,
     dict_setting,
     parse_jitter,
     per_ip_setting,
-    randomize_jitter,
 )
 
 if TYPE_CHECKING:
@@ -65,21 +63,6 @@ __all__ = [
 CAPPED_SOURCE = "CONCURRENT_REQUESTS (cap)"
 #: Key of ``ScopeConfig.sources`` saying where a capped concurrency came from.
 UNCAPPED_CONCURRENCY_SOURCE = "concurrency before the cap"
-
-
-def _default_jitter(settings: BaseSettings) -> Jitter:
-    """The jitter of scopes that set none, read the way Scrapy 2.19 reads it.
-
-    ``DOWNLOAD_DELAY_JITTER`` is the current setting; the older boolean
-    ``RANDOMIZE_DOWNLOAD_DELAY`` still wins when it was set explicitly at a
-    higher priority.
-    """
-    default_priority = SETTINGS_PRIORITIES["default"]
-    randomize_priority = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
-    jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
-    if randomize_priority > default_priority and randomize_priority > jitter_priority:
-        return randomize_jitter(settings)
-    return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))
 
 
 #: Values of ``THROTTLING_DOMAIN_GROUPING``: one scope per host name, or per
@@ -229,7 +212,7 @@ class ThrottlingSettings:
                 "CONCURRENT_REQUESTS", settings.get("CONCURRENT_REQUESTS", 16), minimum=0
             ),
             delay=delay,
-            jitter=_default_jitter(settings),
+            jitter=default_jitter(settings),
             scopes=scopes,
             slots=slots,
             scope_limit=_integer(

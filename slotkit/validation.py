@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from scrapy.settings import SETTINGS_PRIORITIES
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -316,3 +318,18 @@ def randomize_jitter(settings: Any) -> Jitter:
         raise SettingsError(
             f"{where} must be true/false, a factor such as 0.2, or a [low, high] pair (got {raw!r})"
         ) from None
+
+
+def default_jitter(settings: Any) -> Jitter:
+    """The jitter of scopes that set none, read the way Scrapy 2.19 reads it.
+
+    ``DOWNLOAD_DELAY_JITTER`` is the current setting; the older boolean
+    ``RANDOMIZE_DOWNLOAD_DELAY`` still wins when it was set explicitly at a
+    higher priority.
+    """
+    default_priority = SETTINGS_PRIORITIES["default"]
+    randomize_priority = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
+    jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
+    if randomize_priority > default_priority and randomize_priority > jitter_priority:
+        return randomize_jitter(settings)
+    return parse_jitter("DOWNLOAD_DELAY_JITTER", settings.get("DOWNLOAD_DELAY_JITTER", 0.5))

@@ -69,6 +69,14 @@ def test_migrate_reads_randomize_download_delay_as_slotkit_does(value: object, j
     assert f"DOWNLOAD_DELAY_JITTER = {jitter}" in format_report(changes)
 
 
+def test_migrate_keeps_a_download_delay_jitter_set_above_randomize() -> None:
+    """A review: with both set, the report gave RANDOMIZE_DOWNLOAD_DELAY's reading
+    though DOWNLOAD_DELAY_JITTER, set at the same priority, is what the crawl uses."""
+    values = {"RANDOMIZE_DOWNLOAD_DELAY": False, "DOWNLOAD_DELAY_JITTER": 0.3}
+    changes = migration_report(Settings(values, priority="project"))
+    assert "DOWNLOAD_DELAY_JITTER = 0.3" in format_report(changes)
+
+
 def test_migrate_report_lists_every_change() -> None:
     """The report names each replacement with a note."""
     text = format_report(
