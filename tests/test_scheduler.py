@@ -1028,6 +1028,28 @@ def test_a_request_held_by_its_second_scope_does_not_hold_back_its_first() -> No
     assert url_of(queue.pop_ready()) == "http://a.example/1"
 
 
+def test_a_sub_queue_whose_head_is_led_by_another_scope_leaves_the_old_leader() -> None:
+    """A custom manager may answer another set for the next head of a sub-queue:
+    its old leader no longer wakes it, and nothing is left behind once it empties."""
+    crawler, downloader, _, _, _ = slotkit_setup({})
+    queue = ThrottlingAwarePriorityQueue(crawler, FifoMemoryQueue, "", downloader=downloader)
+    slot = "api & users"
+    queue.push(req("a.example", 0, meta={"throttling_scopes": ["api", "users"]}))
+    queue.push(req("a.example", 1, meta={"throttling_scopes": ["api", "users"]}))
+    queue._head(slot)
+    assert queue._led == {slot: "api"}
+    queue.pqueues[slot].pop()  # the head leaves; the next one's first scope is another
+    queue._forget(slot)
+    queue._heads.pop(slot, None)
+    queue.readiness.scopes = lambda request: {"users": None, "api": None}  # type: ignore[method-assign]
+    queue._head(slot)
+    assert queue._led == {slot: "users"}
+    assert queue._led_by == {"users": {slot}}
+    queue._pop_from(slot)
+    assert not queue._led
+    assert not queue._led_by
+
+
 @pytest.mark.parametrize(
     ("settings", "meta_scopes", "key"),
     [
