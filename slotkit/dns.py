@@ -28,7 +28,7 @@ from zope.interface import implementer
 if TYPE_CHECKING:
     from scrapy import Request
 
-__all__ = ["AddressLookups", "cached_ip"]
+__all__ = ["AddressLookups", "address_of", "cached_ip"]
 
 logger = logging.getLogger("slotkit")
 
@@ -50,6 +50,13 @@ def cached_ip(host: str) -> str | None:
         entry = None
     address = _address(entry)
     return address if address is not None else _looked_up.get(host)
+
+
+def address_of(request: Request) -> str | None:
+    """:func:`cached_ip` of *request*'s host: the IP scope ``CONCURRENT_REQUESTS_PER_IP``
+    adds to it, once known."""
+    host = urlparse_cached(request).hostname
+    return cached_ip(host) if host else None
 
 
 def _address(entry: Any) -> str | None:

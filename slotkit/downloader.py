@@ -28,7 +28,7 @@ from twisted.internet.defer import Deferred
 from slotkit.clock import default_clock
 from slotkit.closing import REQUEUED, SpiderClosing, restore_filtering
 from slotkit.crowding import CrowdingWatch
-from slotkit.dns import AddressLookups, cached_ip
+from slotkit.dns import AddressLookups, address_of
 from slotkit.domains import registrable_domain
 from slotkit.feedback import Feedback
 from slotkit.gate import Gate
@@ -49,6 +49,7 @@ from slotkit.robots import CrawlDelays
 from slotkit.scheduler import check_priority_queue, uses_throttling_scheduler
 from slotkit.scope_control import ScopeControl
 from slotkit.scope_entries import forget_setting_warnings
+from slotkit.scope_ids import netloc_keys
 from slotkit.scope_managers import check_scope_managers
 from slotkit.setting_names import warn_unknown_setting_names
 from slotkit.settings import ThrottlingSettings
@@ -175,6 +176,7 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         self._recoveries_seen: dict[str, int] = {}
         #: THROTTLING_DEBUG only: rampup's step count (and delay) last seen, per scope id.
         self._rampup_seen: dict[str, tuple[int, float]] = {}
+        self._netloc_scopes = netloc_keys(crawler.settings)
         #: Says once per crawl which meta keys look misspelt.
         self._meta_keys = MetaKeyCheck()
         #: Scrapy's own scheduler only: says once when slowed sites fill every place.
@@ -326,7 +328,7 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
             return first
         # Scopes that follow from the site, as the first one does: they hold
         # all of a sub-queue's requests alike.
-        derived = {self._derived_address(request)}
+        derived = {address_of(request) if self.config.ip_concurrency else None}
         if self.crawl_delays is not None:
             found = self.crawl_delays.site_delay(request)
             if found is not None and found[0] in scopes and found[0] != first:
@@ -346,13 +348,6 @@ class Downloader(ScopeControl, SpiderClosing, RequestPath):
         meta = request.meta
         slot = meta.get(DOWNLOAD_SLOT)
         return slot is not None and slot != meta.get(AUTO_SLOT) and str(slot) == scope_id
-
-    def _derived_address(self, request: Request) -> str | None:
-        """The address ``CONCURRENT_REQUESTS_PER_IP`` adds to *request*'s scopes, if any."""
-        if not self.config.ip_concurrency:
-            return None
-        host = urlparse_cached(request).hostname
-        return cached_ip(host) if host else None
 
     def delay_left(self, request: Request) -> float:
         """Seconds left of *request*'s ``throttling_delay`` (0.0: none, or over).

@@ -18,7 +18,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
 from slotkit.awaitables import NotReadyError, run_without_suspending
-from slotkit.dns import cached_ip
+from slotkit.dns import address_of
 from slotkit.domains import registrable_domain
 from slotkit.registry import Scope
 from slotkit.robots import apply_crawl_delay, overrides_robots
@@ -27,7 +27,6 @@ from slotkit.scope_ids import (
     DOWNLOAD_SLOT,
     held_site_ids,
     is_single_label_site,
-    netloc_keys,
     normalize_scopes,
     scope_kind,
 )
@@ -75,6 +74,8 @@ class ScopeControl:
     _scope_ids: WeakKeyDictionary[Request, dict[str, float | None]]
     _recoveries_seen: dict[str, int]
     _rampup_seen: dict[str, tuple[int, float]]
+    #: The THROTTLING_SCOPES / DOWNLOAD_SLOTS keys naming a host:port (see netloc_keys).
+    _netloc_scopes: dict[str, str]
     _scopes_wait: WeakSet[Request]
     _default_get_scopes: bool
     _get_scopes: Callable[[Request], Any]
@@ -166,8 +167,7 @@ class ScopeControl:
         default manager's (which already adds it). Known once Scrapy's DNS
         cache has the host, or at once for an address.
         """
-        host = urlparse_cached(request).hostname
-        address = cached_ip(host) if host else None
+        address = address_of(request)
         if address is not None and address not in scopes:
             scopes[address] = None
 
@@ -292,18 +292,11 @@ class ScopeControl:
         For the same reason, with ``THROTTLING_DOMAIN_GROUPING =
         "registrable_domain"`` a host also holds the group its requests share.
         """
-        ids = held_site_ids(scope_id)
+        ids = held_site_ids(scope_id, self._netloc_scopes)
         if self.config.domain_grouping == "registrable_domain":
             group = registrable_domain(ids[-1])
             if group not in ids:
                 ids.append(group)
-        # A "host:port" settings key keeps its case as the scope id of that
-        # port's requests ("API.example.com:8443"): the recipe's lower-case
-        # netloc held nothing they use (a review).
-        written = netloc_keys(self.crawler.settings)
-        for key in [written.get(held.lower()) for held in ids]:
-            if key is not None and key not in ids:
-                ids.append(key)
         now = self._clock.seconds()
         for held in ids:
             scope = self.registry.get(held)

@@ -122,16 +122,23 @@ def host_of_netloc(scope_id: str) -> str | None:
     return host
 
 
-def held_site_ids(scope_id: str) -> list[str]:
+def held_site_ids(scope_id: str, netloc_scopes: Mapping[str, str] | None = None) -> list[str]:
     """The scope ids ``delay_scope(scope_id, ...)`` holds: the id itself and,
-    when it names a site, the host scope that site's requests go through.
+    when it names a site, the host scope that site's requests go through
+    (last in the list).
 
     A URL's ``netloc`` (the spec's recipe) keeps its port and case, while
     default scopes are lower-case host names; a single-label host
     (``svc:8080``, as service names go in a compose network) counts too,
-    which :func:`host_of_netloc` leaves alone for settings keys.
+    which :func:`host_of_netloc` leaves alone for settings keys. A
+    ``host:port`` settings key (*netloc_scopes*, see :func:`netloc_keys`)
+    is that port's requests' scope id as written, in whatever case
+    (``"API.example.com:8443"``): the recipe's lower-case netloc holds it.
     """
     ids = [scope_id]
+    written = (netloc_scopes or {}).get(scope_id.lower())
+    if written is not None and written != scope_id:
+        ids.append(written)
     host, sep, port = scope_id.rpartition(":")
     site = host_of_netloc(scope_id)
     if site is None and sep and port.isdigit() and _HOSTNAME.match(host):
